@@ -25,7 +25,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     """Per-token KL estimate between the policy and the reference -> ``[B, T]``.
 
     ``logprobs``, ``ref_logprobs``: ``[B, T]`` log-probs of the sampled tokens under π and π_ref.
-    estimator "k1": lp − lp_ref; "k2": ½(lp − lp_ref)²; "k3": exp(lp_ref − lp) − 1 − (lp_ref − lp)
+    estimator "k1": lp − lp_ref;  "k2": ½(lp − lp_ref)²;
+              "k3": exp(lp_ref − lp) − 1 − (lp_ref − lp)
     (Schulman 2020). Padding is not masked here.
     """
     if estimator not in _ESTIMATORS:

@@ -1,0 +1,104 @@
+"""`rlhfkit COMMAND [--config FILE.yaml] [--option value ...]`.
+
+Each command is a config dataclass (its flags) and a function that takes the parsed config. Trainers
+are imported only when their command runs, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+
+from rlhfkit.config import commands as c
+from rlhfkit.config.parse import parse_config
+from rlhfkit.errors import UserError
+
+
+@dataclass(frozen=True)
+class Command:
+    config: type
+    target: str  # "module:function" called with the parsed config
+    summary: str
+
+
+COMMANDS: dict[str, Command] = {
+    "init-model": Command(c.InitModelConfig, "rlhfkit.models.init_model:init_model",
+                          "build a small random causal LM and a BPE tokenizer trained on local text"),
+    "sft": Command(c.SFTConfig, "rlhfkit.trainers.sft:train", "supervised fine-tuning on prompt/completion or chat data"),
+    "rm": Command(c.RMConfig, "rlhfkit.trainers.rm:train", "reward model from preference pairs (Bradley-Terry)"),
+    "ppo": Command(c.PPOConfig, "rlhfkit.trainers.ppo:train", "PPO against a reward model with a KL penalty to a frozen reference"),
+    "dpo": Command(c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"),
+    "generate": Command(c.GenerateConfig, "rlhfkit.trainers.generate:run", "sample responses for prompts -> JSONL"),
+    "score": Command(c.ScoreConfig, "rlhfkit.trainers.score:run", "reward-model scores for prompt/response rows -> JSONL"),
+}
+
+
+def register(name: str, command: Command) -> None:
+    """Add a command (used by modules that define their own config, e.g. eval and demo)."""
+    COMMANDS[name] = command
+
+
+def _load_extra_commands() -> None:
+    for module in ("rlhfkit.cli.extra",):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: rlhfkit COMMAND [--config FILE.yaml] [--option value ...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
+    lines += ["", "`rlhfkit COMMAND --help` lists every option with its default."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _load_extra_commands()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"rlhfkit: unknown command '{name}' (commands: {', '.join(COMMANDS)})", file=sys.stderr)
+        return 2
+    command = COMMANDS[name]
+    debug = "--debug" in rest
+    try:
+        config, debug = parse_config(f"rlhfkit {name}", command.config, rest, command.summary)
+        _quiet_libraries(debug)
+        module, func = command.target.split(":")
+        getattr(importlib.import_module(module), func)(config)
+    except UserError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _quiet_libraries(debug: bool) -> None:
+    if not debug:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        logging.getLogger("transformers").setLevel(logging.ERROR)
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()  # "Loading weights" bars would drown our own progress
+        except ImportError:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Build a command's config from defaults < YAML file < command-line flags.
+
+The flags are generated from the config dataclass: every leaf field becomes ``--name-with-dashes``
+(``--name_with_underscores`` also works), its help is the field's docstring plus its default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rlhfkit.config.fields import field_docs
+from rlhfkit.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """One option: where it lives in the nested config and how to read it from text."""
+
+    name: str
+    path: tuple[str, ...]  # attribute path from the top config, e.g. ("optim", "learning_rate")
+    type: Any
+    default: Any
+    doc: str
+    group: str
+
+
+def leaves(config: Any, prefix: tuple[str, ...] = (), group: str = "") -> list[Leaf]:
+    """Flatten a config instance into its options (nested dataclass fields are parts)."""
+    cls = type(config)
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out += leaves(value, prefix + (f.name,), group=f.name)
+        else:
+            out.append(Leaf(f.name, prefix + (f.name,), hints[f.name], value, docs.get(f.name, ""), group))
+    names = [leaf.name for leaf in out]
+    duplicated = {n for n in names if names.count(n) > 1}
+    assert not duplicated, f"option names must be unique across config parts: {duplicated}"
+    return out
+
+
+def _unwrap_optional(tp):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def convert(leaf: Leaf, value: Any) -> Any:
+    """Convert text (from a flag) or a YAML value to the option's type; raise ValueError if impossible."""
+    tp, optional = _unwrap_optional(leaf.type)
+    if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):
+        return None
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"must be an integer, got {value!r}")
+        try:
+            return int(value) if not isinstance(value, str) else int(value, 10)
+        except ValueError:
+            raise ValueError(f"must be an integer, got {value!r}") from None
+    if tp is float:
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ValueError(f"must be a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported option type {tp}")
+
+
+def _set(config: Any, path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        config = getattr(config, part)
+    setattr(config, path[-1], value)
+
+
+def _flat_yaml(data: dict, source: str, part_names: set[str]) -> dict[str, Any]:
+    """Accept flat keys (``learning_rate: 1e-5``) and keys nested under a part (``optim: {...}``)."""
+    flat = {}
+    for key, value in data.items():
+        key = str(key).replace("-", "_")
+        if key in part_names and isinstance(value, dict):
+            flat.update({str(k).replace("-", "_"): v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def load_yaml(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: config file does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a config file must be a mapping of option: value")
+    return data
+
+
+def build_parser(prog: str, config: Any, description: str = "") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS, allow_abbrev=False,
+    )
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of options; flags given on the command line win.")
+    parser.add_argument("--debug", action="store_true", help="Show Python tracebacks for errors.")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    required = set(getattr(config, "REQUIRED", ()))
+    for leaf in leaves(config):
+        title = leaf.group or "options"
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        tp, _ = _unwrap_optional(leaf.type)
+        dashed, under = "--" + leaf.name.replace("_", "-"), "--" + leaf.name
+        flags = [dashed] if dashed == under else [dashed, under]
+        default = "required" if leaf.name in required else f"default: {leaf.default!r}"
+        kwargs: dict[str, Any] = {"dest": leaf.name, "help": f"{leaf.doc} ({default})"}
+        if tp is bool:
+            kwargs.update(nargs="?", const="true", metavar="BOOL")
+        elif typing.get_origin(tp) is Literal:
+            kwargs["metavar"] = "{" + ",".join(map(str, typing.get_args(tp))) + "}"
+        else:
+            kwargs["metavar"] = {int: "INT", float: "FLOAT"}.get(tp, "STR")
+        groups[title].add_argument(*flags, **kwargs)
+    return parser
+
+
+def parse_config(prog: str, config_cls: type, argv: list[str], description: str = "") -> tuple[Any, bool]:
+    """Parse ``argv`` into a ``config_cls`` instance; returns (config, debug). Bad input raises UserError."""
+    config = config_cls()
+    parser = build_parser(prog, config, description)
+
+    def fail(message: str):  # argparse prints usage and exits 2; we want our one-line error
+        raise UserError(f"{prog}: {message} (see {prog} --help)")
+
+    parser.error = fail  # type: ignore[method-assign]
+    ns = vars(parser.parse_args(argv))
+    debug = bool(ns.pop("debug", False))
+    by_name = {leaf.name: leaf for leaf in leaves(config)}
+    part_names = {f.name for f in dataclasses.fields(config) if dataclasses.is_dataclass(getattr(config, f.name))}
+
+    values: dict[str, tuple[Any, str]] = {}
+    if "config" in ns:
+        cfg_path = ns.pop("config")
+        for key, value in _flat_yaml(load_yaml(cfg_path), cfg_path, part_names).items():
+            if key not in by_name:
+                raise UserError(f"{cfg_path}: unknown option '{key}' for {prog}")
+            values[key] = (value, f"{cfg_path}: option '{key}'")
+    for key, value in ns.items():
+        values[key] = (value, f"{prog}: --{key.replace('_', '-')}")
+    for key, (value, origin) in values.items():
+        leaf = by_name[key]
+        try:
+            _set(config, leaf.path, convert(leaf, value))
+        except ValueError as exc:
+            raise UserError(f"{origin} {exc}") from None
+    for name in getattr(config, "REQUIRED", ()):
+        leaf = by_name[name]
+        if getattr(_get_part(config, leaf.path), name) in ("", None):
+            raise UserError(f"{prog}: --{name.replace('_', '-')} is required")
+    check = getattr(config, "check", None)
+    if check is not None:
+        check()
+    return config, debug
+
+
+def _get_part(config: Any, path: tuple[str, ...]) -> Any:
+    for part in path[:-1]:
+        config = getattr(config, part)
+    return config
+
+
+def flat_dict(config: Any) -> dict[str, Any]:
+    """The resolved options as a flat ``{name: value}`` mapping (the format ``--config`` reads back)."""
+    return {leaf.name: getattr(_get_part(config, leaf.path), leaf.name) for leaf in leaves(config)}
+
+
+def save_config(config: Any, output_dir: str | Path) -> Path:
+    path = Path(output_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(flat_dict(config), sort_keys=False), encoding="utf-8")
+    return path

@@ -1,0 +1,100 @@
+"""Config parts shared by the commands. Each option is defined once here, documented by the string under it.
+
+A command's config (see ``commands.py``) is a dataclass composed of these parts; the CLI flattens the
+parts, so ``--learning-rate`` reaches ``cfg.optim.learning_rate``. Field names are unique across parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class ModelArgs:
+    model: str = ""
+    """Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files)."""
+    trust_remote_code: bool = False
+    """Run Python code shipped inside the model directory. Off unless you trust that code."""
+
+
+@dataclass
+class LoraArgs:
+    lora_r: int = 0
+    """LoRA rank; 0 trains all weights. With LoRA the frozen reference is the same backbone with adapters off."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: str = "all-linear"
+    """Comma-separated module names to adapt, or 'all-linear'."""
+
+
+@dataclass
+class DataArgs:
+    data: str = ""
+    """Training data: a .jsonl, .json or .parquet file, or a datasets.save_to_disk folder."""
+    eval_data: str = ""
+    """Held-out data in the same format; evaluated every --eval-steps and at the end."""
+    max_length: int = 256
+    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start)."""
+    max_prompt_length: int = 128
+    """Longest prompt in tokens; longer prompts keep their last tokens."""
+
+
+@dataclass
+class OptimArgs:
+    learning_rate: float = 2e-5
+    """Peak learning rate of AdamW."""
+    batch_size: int = 8
+    """Rows per micro-batch on each process."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step (effective batch = batch_size x this x processes)."""
+    max_steps: int = -1
+    """Optimizer steps to run; -1 derives them from --num-epochs."""
+    num_epochs: float = 1.0
+    """Passes over the training data when --max-steps is -1."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from 0."""
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    """Learning-rate decay after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (not applied to biases and norms)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+
+
+@dataclass
+class RunArgs:
+    output_dir: str = ""
+    """Where the final model, metrics.jsonl, tensorboard/, checkpoints/ and config.yaml go."""
+    seed: int = 42
+    """Random seed for data order, initialisation and sampling."""
+    logging_steps: int = 1
+    """Log metrics every N steps."""
+    eval_steps: int = 0
+    """Evaluate on --eval-data every N steps (0: only at the end)."""
+    save_steps: int = 0
+    """Write a checkpoint every N steps (0: none besides the final model)."""
+    save_total_limit: int = 2
+    """Keep only the newest N checkpoints."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in --output-dir."""
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """Autocast precision; 'auto' is bf16 on a GPU that supports it, else full precision."""
+    cpu: bool = False
+    """Run on the CPU even when a GPU is present."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclass
+class GenerationArgs:
+    max_new_tokens: int = 32
+    """Most tokens sampled per response; sampling stops early at EOS."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 disables."""
+    top_p: float = 1.0
+    """Nucleus sampling: smallest set of tokens with this total probability; 1.0 disables."""

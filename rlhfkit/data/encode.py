@@ -1,0 +1,74 @@
+"""Token ids for prompts, responses and SFT examples, with truncation rules in one place.
+
+Prompt and response are tokenized separately and concatenated, so the boundary between them is
+exact (a BPE merge across it would blur which tokens are the response).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfkit.data.schema import PreferenceExample, SFTExample, Text
+from rlhfkit.data.templates import conversation_segments, has_chat_template, render_prompt, render_response
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Encoded:
+    """A prompt and a response as token ids; the response ends with EOS unless truncated."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+def _ids(tokenizer, text: str, special: bool) -> list[int]:
+    return tokenizer(text, add_special_tokens=special)["input_ids"]
+
+
+def encode_prompt(tokenizer, prompt: Text, max_prompt_length: int) -> list[int]:
+    """Prompt ids, keeping the last ``max_prompt_length`` tokens (the end is what the response follows)."""
+    # String prompts get the tokenizer's special tokens (e.g. BOS); chat templates write their own.
+    ids = _ids(tokenizer, render_prompt(tokenizer, prompt), special=isinstance(prompt, str) or not has_chat_template(tokenizer))
+    return ids[-max_prompt_length:]
+
+
+def encode_response(tokenizer, prompt: Text, response: Text, add_eos: bool = True) -> list[int]:
+    ids = _ids(tokenizer, render_response(tokenizer, prompt, response), special=False)
+    eos = tokenizer.eos_token_id
+    if add_eos and eos is not None and (not ids or ids[-1] != eos):
+        ids.append(eos)
+    return ids
+
+
+def encode_pair(tokenizer, prompt: Text, response: Text, max_length: int, max_prompt_length: int,
+                add_eos: bool = True, prompt_ids: list[int] | None = None) -> Encoded:
+    """Prompt + response, the response cut at the end so the whole fits in ``max_length``."""
+    if prompt_ids is None:
+        prompt_ids = encode_prompt(tokenizer, prompt, max_prompt_length)
+    response_ids = encode_response(tokenizer, prompt, response, add_eos)
+    room = max(max_length - len(prompt_ids), 1)
+    return Encoded(prompt_ids, response_ids[:room])
+
+
+def encode_preference(tokenizer, ex: PreferenceExample, max_length: int, max_prompt_length: int) -> tuple[Encoded, Encoded]:
+    prompt_ids = encode_prompt(tokenizer, ex.prompt, max_prompt_length)
+    return (encode_pair(tokenizer, ex.prompt, ex.chosen, max_length, max_prompt_length, prompt_ids=prompt_ids),
+            encode_pair(tokenizer, ex.prompt, ex.rejected, max_length, max_prompt_length, prompt_ids=prompt_ids))
+
+
+def encode_sft(tokenizer, ex: SFTExample, max_length: int, max_prompt_length: int) -> tuple[list[int], list[int]]:
+    """``(input_ids, labels)`` where labels are IGNORE_INDEX except on completion/assistant tokens."""
+    if ex.messages is None:
+        enc = encode_pair(tokenizer, ex.prompt, ex.completion, max_length, max_prompt_length)
+        return enc.prompt_ids + enc.response_ids, [IGNORE_INDEX] * len(enc.prompt_ids) + enc.response_ids
+    input_ids: list[int] = []
+    labels: list[int] = []
+    chat = has_chat_template(tokenizer)
+    for i, (text, trained) in enumerate(conversation_segments(tokenizer, ex.messages)):
+        ids = _ids(tokenizer, text, special=(i == 0 and not chat))
+        if trained and not chat and tokenizer.eos_token_id is not None:
+            ids = ids + [tokenizer.eos_token_id]
+        input_ids += ids
+        labels += ids if trained else [IGNORE_INDEX] * len(ids)
+    return input_ids[:max_length], labels[:max_length]

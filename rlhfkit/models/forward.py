@@ -1,0 +1,30 @@
+"""Forward passes shared by the trainers: per-token log-probs of response tokens, sequence sums.
+
+Shapes: a ``SequenceBatch`` is ``[B, L]``; outputs are aligned with the *predicted* tokens, i.e.
+position ``t`` of the output is about token ``t + 1`` of the input (``[B, L-1]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.data.collate import SequenceBatch
+from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
+
+
+def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False):
+    """Log-probs ``[B, L-1]`` of each next token, its mask ``[B, L-1]`` (1 on response tokens), and
+    optionally the entropy ``[B, L-1]`` of the next-token distribution."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = logprobs_from_logits(logits, batch.input_ids[:, 1:])
+    mask = batch.response_mask[:, 1:].to(logprobs.dtype)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return logprobs, mask, entropy
+
+
+def sequence_logprobs(model, batch: SequenceBatch) -> torch.Tensor:
+    """``[B]`` sum of log-probs over each row's response tokens (DPO's log pi(y|x))."""
+    logprobs, mask, _ = token_logprobs(model, batch)
+    return (logprobs * mask).sum(dim=1)

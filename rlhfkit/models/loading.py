@@ -1,0 +1,92 @@
+"""Load local Hugging Face models and tokenizers: safetensors only, nothing from a hub.
+
+A missing pad token is set to EOS (so padding works); ``trust_remote_code`` is passed only when the
+user asks for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rlhfkit.errors import UserError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub at run time
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def check_model_dir(path: str, what: str = "model") -> Path:
+    """Raise a UserError unless ``path`` is a local model directory with safetensors weights."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{path}: {what} directory does not exist")
+    if not p.is_dir():
+        raise UserError(f"{path}: {what} must be a directory (config.json, *.safetensors, tokenizer files)")
+    if not (p / "config.json").is_file():
+        raise UserError(f"{path}: not a Hugging Face {what} directory (no config.json)")
+    try:
+        json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path}/config.json: not valid JSON") from None
+    if not any(p.glob("*.safetensors")):
+        pickled = [f.name for f in p.glob("*.bin")] + [f.name for f in p.glob("*.pt")]
+        hint = f" (found {', '.join(pickled)}: pickled weights are not loaded; convert them to safetensors)" if pickled else ""
+        raise UserError(f"{path}: no *.safetensors weights{hint}")
+    return p
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "right"):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot load the tokenizer ({str(exc).splitlines()[0]})") from None
+    if tok.eos_token is None and tok.pad_token is None:
+        raise UserError(f"{path}: the tokenizer has neither an EOS nor a pad token")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def _load(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
+    check_model_dir(path, what)
+    try:
+        return auto_cls.from_pretrained(path, trust_remote_code=trust_remote_code, use_safetensors=True,
+                                        local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
+
+
+def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):
+    """``AutoModelForCausalLM`` from a local directory, its pad token id set from the tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    model = _load(AutoModelForCausalLM, path, "causal LM", trust_remote_code)
+    if tokenizer is not None:
+        _match_tokenizer(model, tokenizer, path)
+    return model
+
+
+def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None):
+    """``AutoModelForSequenceClassification`` with one output (the scalar reward)."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = _load(AutoModelForSequenceClassification, path, "reward model", trust_remote_code)
+    if model.config.num_labels != 1:
+        raise UserError(f"{path}: a reward model needs one output label, this one has {model.config.num_labels}")
+    if tokenizer is not None:
+        _match_tokenizer(model, tokenizer, path)
+    return model
+
+
+def _match_tokenizer(model, tokenizer, path: str) -> None:
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise UserError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only {vocab}")
+    model.config.pad_token_id = tokenizer.pad_token_id
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.pad_token_id = tokenizer.pad_token_id

@@ -1,0 +1,72 @@
+"""AdamW, the warm-up + decay schedule, and one optimizer step with accumulation and clipping."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Iterable
+
+import torch
+
+
+def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
+    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=optim.learning_rate)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim, total_steps: int):
+    """Linear warm-up from 0 over ``warmup_steps``, then linear/cosine decay to 0, or constant."""
+    warmup = optim.warmup_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        if optim.lr_scheduler == "constant":
+            return 1.0
+        progress = min((step - warmup) / max(total_steps - warmup, 1), 1.0)
+        if optim.lr_scheduler == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def total_steps(optim, rows: int, rows_per_step: int) -> int:
+    if optim.max_steps > 0:
+        return optim.max_steps
+    return max(1, math.ceil(optim.num_epochs * rows / rows_per_step))
+
+
+def accumulate(accelerator, model, micro_batches: Iterable, loss_fn: Callable) -> dict[str, float]:
+    """Backward over micro-batches; ``loss_fn(batch)`` returns (loss, stats) already scaled so that the
+    sum over micro-batches is the loss of the whole step (e.g. token sum / tokens in the whole step).
+
+    Gradient sync across processes happens only on the last micro-batch.
+    """
+    batches = list(micro_batches)
+    totals: dict[str, float] = {}
+    for i, batch in enumerate(batches):
+        ctx = accelerator.no_sync(model) if i < len(batches) - 1 else contextlib.nullcontext()
+        with ctx, accelerator.autocast():
+            loss, stats = loss_fn(batch)
+            accelerator.backward(loss)
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def step(accelerator, model, optimizer, scheduler, max_grad_norm: float) -> float:
+    """Clip, step, schedule, zero grads; returns the gradient norm before clipping."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if max_grad_norm > 0:
+        norm = accelerator.clip_grad_norm_(params, max_grad_norm)
+    else:
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)

@@ -1,0 +1,37 @@
+"""Device, precision, seeding and multi-process set-up through ``accelerate``."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def make_accelerator(run):
+    """An ``Accelerator`` for ``run`` (a RunArgs). 'auto' precision is bf16 on a GPU that has it.
+
+    Gradient accumulation is done by the trainers' step loop (see ``optim.accumulate``), not by
+    accelerate, because its per-micro-batch loss division is only right for equal token counts.
+    """
+    from accelerate import Accelerator
+
+    precision = run.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
+    return Accelerator(mixed_precision=precision, cpu=run.cpu, log_with=None)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout probability to 0: RL and preference losses compare log-probs across passes."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0

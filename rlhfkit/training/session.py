@@ -1,0 +1,73 @@
+"""What every training command does around its loop: output dir, config, accelerator, logger, checkpoints.
+
+Trainers compose these pieces (no base class): ``open_session`` at the start, ``session.save`` every
+``--save-steps``, ``session.close`` at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlhfkit.config.parse import save_config
+from rlhfkit.errors import UserError
+from rlhfkit.training.checkpoint import Checkpointer, rng_state, set_rng_state
+from rlhfkit.training.logger import MetricsLogger
+from rlhfkit.training.runtime import make_accelerator, seed_everything
+
+
+@dataclass
+class Session:
+    accelerator: object
+    logger: MetricsLogger
+    checkpointer: Checkpointer
+    output_dir: Path
+    start_step: int
+    total_steps: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def save(self, step: int, models: dict, state: dict) -> None:
+        """Checkpoint ``models`` (name -> module) and ``state`` (optimizer, scheduler, stream, ...)."""
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            unwrapped = {k: self.accelerator.unwrap_model(m) for k, m in models.items()}
+            state = {**state, "rng": rng_state()}
+            self.checkpointer.save(step, unwrapped, state)
+
+    def restore(self, models: dict) -> dict:
+        """Load the newest checkpoint into ``models``; returns its state (RNG already restored)."""
+        path = self.checkpointer.resume_point()
+        _, state = self.checkpointer.load(path, {k: self.accelerator.unwrap_model(m) for k, m in models.items()})
+        set_rng_state(state["rng"])
+        return state
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+def open_session(config, run, total_steps: int, desc: str) -> Session:
+    """Seed, create the output dir, write ``config.yaml``, and find the resume point if ``--resume``."""
+    out = Path(run.output_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: --output-dir exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(run.seed)
+    accelerator = make_accelerator(run)
+    checkpointer = Checkpointer(out, run.save_total_limit)
+    start = 0
+    if run.resume:
+        path = checkpointer.resume_point()
+        start = int(path.name.split("-")[1])
+    if accelerator.is_main_process:
+        save_config(config, out)
+    logger = MetricsLogger(out, total_steps, start, enabled=accelerator.is_main_process, progress=run.progress, desc=desc)
+    return Session(accelerator, logger, checkpointer, out, start, total_steps)

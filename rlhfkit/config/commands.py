@@ -147,8 +147,6 @@ class PPOArgs:
     """Name of a built-in task judge (e.g. 'support') to log reward/gold on --eval-data prompts."""
     gold_steps: int = 10
     """Log reward/gold every N steps (when --gold-judge is set)."""
-    rollout_batch_size: int = 0
-    """Prompts per PPO step; 0 uses --batch-size."""
 
 
 @dataclass
@@ -169,7 +167,11 @@ class PPOConfig:
                   target_kl=p.target_kl, kl_horizon=p.kl_horizon, temperature=self.generation.temperature,
                   max_new_tokens=self.generation.max_new_tokens, value_clip=p.value_clip)
         _at_least(0, kl_coef=p.kl_coef, vf_coef=p.vf_coef, entropy_coef=p.entropy_coef,
-                  kl_loss_coef=p.kl_loss_coef, ref_update_steps=p.ref_update_steps, rollout_batch_size=p.rollout_batch_size)
+                  kl_loss_coef=p.kl_loss_coef, ref_update_steps=p.ref_update_steps)
+        if self.optim.batch_size % (p.num_minibatches * self.optim.gradient_accumulation_steps):
+            raise UserError("--batch-size must be divisible by --num-minibatches x --gradient-accumulation-steps")
+        if p.ref_update_steps and self.lora.lora_r:
+            raise UserError("--ref-update-steps needs full fine-tuning: with LoRA the reference is the base weights")
         if not (0 <= p.gamma <= 1 and 0 <= p.lam <= 1):
             raise UserError("--gamma and --lam must be in [0, 1]")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -62,8 +63,12 @@ def convert(leaf: Leaf, value: Any) -> Any:
     tp, optional = _unwrap_optional(leaf.type)
     if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):
         return None
+    if value is None:
+        raise ValueError("must have a value, got null")
     if typing.get_origin(tp) is Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` as a boolean
+            value = {False: "no", True: "yes"}[value]
         if value not in choices:
             raise ValueError(f"must be one of {', '.join(map(str, choices))}, got {value!r}")
         return value
@@ -130,9 +135,16 @@ def load_yaml(path: str) -> dict:
     return data
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help text without splitting words such as ``--num-epochs`` at their hyphens."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser(prog: str, config: Any, description: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=description, formatter_class=_HelpFormatter,
         argument_default=argparse.SUPPRESS, allow_abbrev=False,
     )
     parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of options; flags given on the command line win.")

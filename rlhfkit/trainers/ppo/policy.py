@@ -1,0 +1,91 @@
+"""The trainable side of PPO: policy + value function, and one forward pass that yields both.
+
+Value function options (SPEC/issue "four roles"):
+- a scalar head on the policy's last hidden state (default; with LoRA this is the one-backbone mode:
+  policy, value and — adapters off — reference all share one copy of the weights);
+- a separate value model initialised from the reward model (as InstructGPT did): its backbone and
+  ``score`` head applied at every position.
+
+Sequences are laid out as ``[left-padded prompt (P) | right-padded response (T)]``; position ids come
+from the attention mask, so left padding changes nothing. Outputs are ``[B, T]`` over response tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlhfkit.errors import UserError
+from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` positions counted over real tokens (0 for left padding), as generation uses them."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def response_logits(model, input_ids, attention_mask, n_response: int, hidden: bool = False):
+    """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                output_hidden_states=hidden, logits_to_keep=n_response + 1)
+    logits = out.logits[:, -(n_response + 1):-1]  # position t predicts token t + 1
+    states = out.hidden_states[-1][:, -(n_response + 1):-1] if hidden else None
+    return logits, states
+
+
+class ValueHead(nn.Module):
+    """``V(s_t) = w·h_t + b`` on a backbone's last hidden state; starts at 0."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+
+
+class SeparateValueModel(nn.Module):
+    """A reward-model-shaped network (backbone + ``score`` linear head) read at every position."""
+
+    def __init__(self, seq_cls_model):
+        super().__init__()
+        prefix = getattr(seq_cls_model, "base_model_prefix", "")
+        if not hasattr(seq_cls_model, prefix) or not isinstance(getattr(seq_cls_model, "score", None), nn.Linear):
+            raise UserError("the value model must be a decoder reward model with a linear 'score' head (e.g. made by `rlhfkit rm`)")
+        self.backbone = getattr(seq_cls_model, prefix)
+        self.score = seq_cls_model.score
+
+    def forward(self, input_ids, attention_mask, n_response: int) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+        return self.score(out.last_hidden_state[:, -(n_response + 1):-1]).squeeze(-1)
+
+
+class ActorCritic(nn.Module):
+    """Policy (a causal LM, possibly with LoRA) + value function, trained together by one optimizer."""
+
+    def __init__(self, policy, value_model: SeparateValueModel | None = None):
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+        self.value_head = None if value_model is not None else ValueHead(policy.config.hidden_size)
+
+    def forward(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0, with_entropy: bool = False):
+        """Log-probs of the given response tokens, values and (optionally) entropies, each ``[B, T]``."""
+        logits, hidden = response_logits(self.policy, input_ids, attention_mask, n_response, hidden=self.value_head is not None)
+        logits = logits.float() / temperature
+        logprobs = logprobs_from_logits(logits, input_ids[:, -n_response:])
+        if self.value_head is not None:
+            values = self.value_head(hidden)
+        else:
+            values = self.value_model(input_ids, attention_mask, n_response)
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return logprobs, values.float(), entropy
+
+
+@torch.no_grad()
+def reference_logprobs(ref_model, input_ids, attention_mask, n_response: int, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T]`` log-probs of the response under the frozen reference."""
+    logits, _ = response_logits(ref_model, input_ids, attention_mask, n_response)
+    return logprobs_from_logits(logits.float() / temperature, input_ids[:, -n_response:])

@@ -1,0 +1,97 @@
+"""Step 8 of PPO: metrics of a rollout, sample generations, and the held-out gold judge."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from rlhfkit import ops
+from rlhfkit.data.templates import render_prompt
+from rlhfkit.errors import UserError
+from rlhfkit.trainers.ppo.rollout import Rollout, generate, left_pad_prompts
+
+GOLD_PROMPTS = 64  # held-out prompts sampled for reward/gold
+SAMPLES_PER_STEP = 4
+
+
+def rollout_metrics(r: Rollout, kl_coef: float) -> dict[str, float]:
+    """SPEC §4 PPO metrics that come from the experience itself (the update adds the loss terms)."""
+    mask = r.response_mask.float()
+    kl_seq = ((r.logprobs - r.ref_logprobs) * mask).sum(dim=1)  # [B] per-sequence KL (k1 estimate)
+    k3 = ops.kl_penalty(r.logprobs, r.ref_logprobs, "k3") * mask
+    return {
+        "reward/score": float(r.raw_scores.mean()),
+        "reward/score_std": float(r.raw_scores.std()) if r.raw_scores.numel() > 1 else 0.0,
+        "reward/shaped_score": float(r.scores.mean()),
+        "reward/total": float(r.rewards.sum(dim=1).mean()),
+        "kl/ref": float(kl_seq.mean()),
+        "kl/ref_k3": float(k3.sum(dim=1).mean()),
+        "kl/coef": float(kl_coef),
+        "value/explained_variance": float(ops.explained_variance(r.values, r.returns, mask)),
+        "value/mean": float(ops.masked_mean(r.values, mask)),
+        "response/length": float(mask.sum(dim=1).mean()),
+    }
+
+
+class SampleWriter:
+    """Appends ``{"step", "prompt", "response", "score"}`` lines to ``samples.jsonl`` and TensorBoard text."""
+
+    def __init__(self, output_dir, logger, resume_step: int = 0):
+        self.path = Path(output_dir) / "samples.jsonl"
+        self.logger = logger
+        if logger.enabled:
+            kept = []
+            if resume_step and self.path.exists():
+                kept = [x for x in self.path.read_text().splitlines() if x and json.loads(x)["step"] <= resume_step]
+            self.path.write_text("".join(x + "\n" for x in kept))
+
+    def write(self, step: int, prompts: list, r: Rollout, tokenizer) -> None:
+        if not self.logger.enabled:
+            return
+        texts = tokenizer.batch_decode(r.response_ids[:SAMPLES_PER_STEP], skip_special_tokens=True)
+        rows = [{"step": step, "prompt": p, "response": t, "score": float(s)}
+                for p, t, s in zip(prompts, texts, r.raw_scores.tolist())]
+        with self.path.open("a") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+        table = "\n\n".join(f"**prompt** {row['prompt']}  \n**response** {row['response']}  \n**score** {row['score']:.3f}"
+                            for row in rows)
+        self.logger.text("samples", table, step)
+
+
+class GoldEvaluator:
+    """Samples responses to held-out prompts and averages a task's gold judge (never used for training)."""
+
+    def __init__(self, judge, prompts: list[str]):
+        self.judge, self.prompts = judge, prompts
+
+    @classmethod
+    def create(cls, name: str, eval_examples: list) -> "GoldEvaluator | None":
+        if not name:
+            return None
+        from rlhfkit.tasks import get_judge
+
+        try:
+            judge = get_judge(name)
+        except ValueError as exc:
+            raise UserError(f"--gold-judge: {exc}") from None
+        if not eval_examples:
+            raise UserError("--gold-judge needs held-out prompts in --eval-data")
+        return cls(judge, [ex.prompt for ex in eval_examples[:GOLD_PROMPTS]])
+
+    @torch.no_grad()
+    def responses(self, policy, tokenizer, cfg, device, seed: int = 1234) -> list[str]:
+        from rlhfkit.data.encode import encode_prompt
+
+        ids = [encode_prompt(tokenizer, p, cfg.data.max_prompt_length) for p in self.prompts]
+        q, m = left_pad_prompts(ids, tokenizer.pad_token_id, device)
+        with torch.random.fork_rng(devices=[]):  # sampling here must not shift the training run's randomness
+            torch.manual_seed(seed)
+            resp, mask = generate(policy, q, m, cfg.generation, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        return tokenizer.batch_decode(resp * mask + tokenizer.pad_token_id * (1 - mask), skip_special_tokens=True)
+
+    def evaluate(self, policy, tokenizer, cfg, device) -> float:
+        texts = self.responses(policy, tokenizer, cfg, device)
+        scores = [self.judge(render_prompt(tokenizer, p), t) for p, t in zip(self.prompts, texts)]
+        return sum(scores) / len(scores)

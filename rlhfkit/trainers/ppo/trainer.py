@@ -1,0 +1,281 @@
+"""`rlhfkit ppo`: RLHF PPO against a reward model with a KL penalty to a frozen reference.
+
+One PPO step (``ppo_step``) is the loop of the RLHF literature:
+  1. generate responses with the current policy
+  2. score them with the reward model
+  3. log-probs under the rollout ("old") policy and the frozen reference
+  4. values from the value function (same forward pass as 3 for a value head)
+  5. per-token rewards r_t = -beta*KL_t, plus the score at the last real token
+  6. advantages (GAE or sequence-level), whitened
+  7. PPO epochs over minibatches: clipped surrogate + c1*value loss - c2*entropy (+ c3*KL)
+  8. update beta, log, write samples
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import replace
+
+import torch
+
+from rlhfkit import ops
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.schema import load_examples
+from rlhfkit.errors import UserError
+from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
+from rlhfkit.models.lora import adapters_off, apply_lora, save_pretrained
+from rlhfkit.models.reward import RewardScorer
+from rlhfkit.training import optim as opt
+from rlhfkit.training.runtime import disable_dropout
+from rlhfkit.training.session import open_session
+from rlhfkit.training.stream import IndexStream
+from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
+from rlhfkit.trainers.ppo.reporting import GoldEvaluator, SampleWriter, rollout_metrics
+from rlhfkit.trainers.ppo.rollout import Rollout, generate, left_pad_prompts
+from rlhfkit.trainers.ppo.scoring import shape_scores
+
+MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
+
+
+class PPOTrainer:
+    """Holds the four roles and runs ``ppo_step``. Built by ``train(cfg)``; usable from Python too."""
+
+    def __init__(self, cfg, actor_critic: ActorCritic, ref_model, scorer: RewardScorer, tokenizer, session):
+        self.cfg, self.ppo, self.gen = cfg, cfg.ppo, cfg.generation
+        self.ac, self.ref_model, self.scorer, self.tokenizer, self.session = actor_critic, ref_model, scorer, tokenizer, session
+        self.acc = session.accelerator
+        self.device = session.device
+        self.kl_ctl = (ops.AdaptiveKLController(self.ppo.kl_coef, self.ppo.target_kl, self.ppo.kl_horizon)
+                       if self.ppo.target_kl is not None else ops.FixedKLController(self.ppo.kl_coef))
+        self.updates_per_step = self.ppo.ppo_epochs * self.ppo.num_minibatches
+        optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * self.updates_per_step)
+        self.optimizer = opt.build_optimizer(self.ac, optim_args)
+        self.scheduler = opt.build_scheduler(self.optimizer, optim_args, session.total_steps * self.updates_per_step)
+        self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
+        self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
+        self.bad_steps = 0
+
+    @property
+    def policy(self):
+        return self.acc.unwrap_model(self.ac).policy
+
+    # ---- steps 1-6: experience -------------------------------------------------------------
+    @torch.no_grad()
+    def make_rollout(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[Rollout, dict]:
+        timings = {}
+        t0 = t = time.perf_counter()
+        eos, pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        # 1. Generate.
+        query_ids, query_mask = left_pad_prompts(prompt_ids, pad_id, self.device)
+        self.ac.eval()
+        response_ids, response_mask = generate(self.policy, query_ids, query_mask, self.gen, eos, pad_id)
+        timings["time/generate_s"] = time.perf_counter() - t
+        # 2. Score.
+        t = time.perf_counter()
+        texts = self.tokenizer.batch_decode(response_ids * response_mask + pad_id * (1 - response_mask), skip_special_tokens=True)
+        out = self.scorer.score(prompts, texts)
+        raw = out.mean.to(self.device).float()
+        std = out.std.to(self.device).float() if out.std is not None else None
+        scores = shape_scores(raw, std, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k,
+                              eos, response_ids)
+        timings["time/score_s"] = time.perf_counter() - t
+        # 3-4. Old log-probs and values (one pass), reference log-probs.
+        t = time.perf_counter()
+        input_ids = torch.cat([query_ids, response_ids], 1)
+        attn = torch.cat([query_mask, response_mask], 1)
+        T = response_ids.shape[1]
+        with self.acc.autocast():
+            logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature)
+            if self.ref_model is None:  # LoRA: the reference is the same backbone with adapters off
+                with adapters_off(self.policy):
+                    ref_logprobs = reference_logprobs(self.policy, input_ids, attn, T, self.gen.temperature)
+            else:
+                ref_logprobs = reference_logprobs(self.ref_model, input_ids, attn, T, self.gen.temperature)
+        mask = response_mask.float()
+        logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
+        timings["time/forward_s"] = time.perf_counter() - t
+        # 5. KL-penalised per-token rewards.
+        kl = ops.kl_penalty(logprobs, ref_logprobs, self.ppo.kl_estimator) * mask
+        rewards = ops.per_token_rewards(scores, kl, mask, self.kl_ctl.value)
+        # 6. Advantages.
+        if self.ppo.advantage == "gae":
+            advantages, returns = ops.gae(rewards, values, mask, self.ppo.gamma, self.ppo.lam)
+        else:
+            advantages, returns = ops.sequence_advantage(rewards, values, mask)
+        if self.ppo.whiten_advantages:
+            advantages = ops.masked_whiten(advantages, mask) * mask
+        rollout = Rollout(query_ids, query_mask, response_ids, response_mask, scores, raw, logprobs, ref_logprobs,
+                          values, rewards, advantages, returns)
+        timings["time/rollout_s"] = time.perf_counter() - t0
+        return rollout, timings
+
+    # ---- step 7: PPO epochs -------------------------------------------------------------------
+    def loss(self, mb: Rollout) -> tuple[torch.Tensor, dict]:
+        """The combined PPO loss of one (micro-)batch: L = L_clip + c1*L_V - c2*H (+ c3*KL_ref)."""
+        mask = mb.response_mask.float()
+        logprobs, values, entropy = self.ac(mb.input_ids, mb.attention_mask, mb.n_response, self.gen.temperature, True)
+        pg_loss, pg_stats = ops.ppo_policy_loss(logprobs, mb.logprobs, mb.advantages, mask, self.ppo.clip_eps)
+        vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.ppo.value_clip)
+        ent = ops.masked_mean(entropy, mask)
+        loss = pg_loss + self.ppo.vf_coef * vf_loss - self.ppo.entropy_coef * ent
+        if self.ppo.kl_loss_coef > 0:
+            kl_ref = ops.masked_mean(ops.kl_penalty(logprobs, mb.ref_logprobs, "k3"), mask)
+            loss = loss + self.ppo.kl_loss_coef * kl_ref
+        stats = {"loss/policy": pg_loss, "loss/value": vf_loss, "loss/total": loss, "policy/entropy": ent,
+                 "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
+                 "value/clipfrac": vf_stats["clipfrac"]}
+        return loss, {k: float(v.detach()) for k, v in stats.items()}
+
+    def train_epochs(self, rollout: Rollout) -> dict:
+        B = rollout.scores.shape[0]
+        mb_size = B // self.ppo.num_minibatches
+        micro_size = mb_size // self.cfg.optim.gradient_accumulation_steps
+        sums: dict[str, float] = {}
+        n = 0
+        self.ac.train()
+        for _ in range(self.ppo.ppo_epochs):
+            order = torch.randperm(B, generator=self.shuffle)
+            for start in range(0, B, mb_size):
+                mb_index = order[start: start + mb_size]
+                mb_tokens = float(rollout.response_mask[mb_index].sum())
+                micro = [rollout.select(mb_index[i: i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)]
+
+                def loss_fn(mb: Rollout):
+                    loss, stats = self.loss(mb)
+                    share = float(mb.response_mask.sum()) / max(mb_tokens, 1.0)  # token share: exact accumulation
+                    return loss * share, {k: v * share for k, v in stats.items()}
+
+                stats = opt.accumulate(self.acc, self.ac, micro, loss_fn)
+                if not math.isfinite(stats["loss/total"]):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return {"non_finite": 1.0}
+                stats["grad_norm"] = opt.step(self.acc, self.ac, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm)
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                n += 1
+        return {k: v / n for k, v in sums.items()}
+
+    def ppo_step(self, prompts: list, prompt_ids: list[list[int]]) -> dict:
+        t0 = time.perf_counter()
+        rollout, timings = self.make_rollout(prompts, prompt_ids)
+        if not torch.isfinite(rollout.rewards).all() or not torch.isfinite(rollout.advantages).all():
+            return self._skip("reward")
+        t = time.perf_counter()
+        train_stats = self.train_epochs(rollout)
+        if "non_finite" in train_stats:
+            return self._skip("loss")
+        self.bad_steps = 0
+        timings["time/update_s"] = time.perf_counter() - t
+        # 8. Control and log.
+        metrics = rollout_metrics(rollout, self.kl_ctl.value)
+        self.kl_ctl.update(metrics["kl/ref"], n_steps=rollout.scores.shape[0])
+        metrics.update(train_stats)
+        metrics.update(timings)
+        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["_rollout"] = rollout
+        return metrics
+
+    def _skip(self, what: str) -> dict:
+        self.bad_steps += 1
+        self.session.logger.write(f"warning: non-finite {what}; this PPO update was skipped")
+        if self.bad_steps >= MAX_BAD_UPDATES:
+            raise UserError(f"ppo: {MAX_BAD_UPDATES} non-finite updates in a row; stopping "
+                            "(try a lower --learning-rate, --reward-clip, or check the reward model)")
+        return {}
+
+    def refresh_reference(self) -> None:
+        """Copy the current policy into the frozen reference (the seeds' optional step 11)."""
+        self.ref_model.load_state_dict(self.policy.state_dict())
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_models(self) -> dict:
+        models = {"actor_critic": self.ac}
+        if self.ppo.ref_update_steps and self.ref_model is not None:
+            models["reference"] = self.ref_model
+        return models
+
+    def state_dict(self, stream: IndexStream) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "kl_controller": self.kl_ctl.state_dict(), "stream": stream.state_dict(),
+                "shuffle": self.shuffle.get_state()}
+
+    def load_state_dict(self, state: dict, stream: IndexStream) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.kl_ctl.load_state_dict(state["kl_controller"])
+        stream.load_state_dict(state["stream"])
+        self.shuffle.set_state(state["shuffle"])
+
+
+def build_models(cfg, tokenizer):
+    """Policy (+LoRA), value function, and the frozen reference (None in LoRA mode)."""
+    policy = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
+    disable_dropout(policy)
+    ref_model = None
+    if cfg.lora.lora_r > 0:
+        policy = apply_lora(policy, cfg.lora)
+    else:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    value_model = None
+    if cfg.ppo.value_model:
+        vm = load_reward_model(cfg.ppo.value_model, cfg.model.trust_remote_code)
+        disable_dropout(vm)
+        value_model = SeparateValueModel(vm)
+    return ActorCritic(policy, value_model), ref_model
+
+
+def train(cfg, scorer=None) -> dict:
+    """Run PPO as configured. ``scorer`` replaces the reward model (any object with RewardScorer's
+    ``score(prompts, responses)``, ``stats`` and ``conservative_k``), e.g. a known function in tests."""
+    # 1. Validate the prompts before anything heavy.
+    examples = load_examples(cfg.data.data, "prompt", "rlhfkit ppo")
+    eval_examples = load_examples(cfg.data.eval_data, "prompt", "rlhfkit ppo") if cfg.data.eval_data else []
+    if len(examples) < cfg.optim.batch_size:
+        raise UserError(f"{cfg.data.data}: {len(examples)} prompts, fewer than --batch-size {cfg.optim.batch_size}")
+    gold = GoldEvaluator.create(cfg.ppo.gold_judge, eval_examples)
+
+    # 2. The four roles.
+    tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    actor_critic, ref_model = build_models(cfg, tokenizer)
+    prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
+
+    # 3. Session, trainer, resume.
+    steps = cfg.optim.max_steps if cfg.optim.max_steps > 0 else opt.total_steps(cfg.optim, len(examples), cfg.optim.batch_size)
+    session = open_session(cfg, cfg.run, steps, desc="ppo")
+    if scorer is None:
+        scorer = RewardScorer.load(cfg.ppo.reward_model, session.device, cfg.model.trust_remote_code)
+    if ref_model is not None:
+        ref_model.to(session.device)
+    trainer = PPOTrainer(cfg, actor_critic, ref_model, scorer, tokenizer, session)
+    stream = IndexStream(len(examples), cfg.run.seed)
+    if cfg.run.resume:
+        trainer.load_state_dict(session.restore(trainer.checkpoint_models()), stream)
+    samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
+
+    # 4. The loop: one PPO step per batch of prompts.
+    metrics: dict = {}
+    for step in range(session.start_step + 1, steps + 1):
+        index = stream.take(cfg.optim.batch_size)
+        metrics = trainer.ppo_step([examples[i].prompt for i in index], [prompt_ids[i] for i in index])
+        rollout = metrics.pop("_rollout", None)
+        if gold is not None and (step % cfg.ppo.gold_steps == 0 or step == steps or step == 1):
+            metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+        if metrics and (step % cfg.run.logging_steps == 0 or step == steps or "reward/gold" in metrics):
+            session.logger.log(step, metrics)
+        if rollout is not None and (step % cfg.ppo.sample_steps == 0 or step == steps):
+            samples.write(step, [examples[i].prompt for i in index], rollout, tokenizer)
+        if cfg.ppo.ref_update_steps and step % cfg.ppo.ref_update_steps == 0:
+            trainer.refresh_reference()
+        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
+            session.save(step, trainer.checkpoint_models(), trainer.state_dict(stream))
+        session.logger.advance()
+
+    # 5. Final policy in Hugging Face format; the value head stays in checkpoints/.
+    session.accelerator.wait_for_everyone()
+    if session.is_main:
+        save_pretrained(trainer.policy, tokenizer, session.output_dir)
+    session.close()
+    return metrics

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except SystemExit as exc:  # argparse's --help (code 0)
+        return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

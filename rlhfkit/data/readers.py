@@ -99,7 +99,12 @@ def _read_parquet(p: Path) -> list[Row]:
         table = pq.read_table(p)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise UserError(f"{p}: cannot read Parquet ({str(exc).splitlines()[0]})") from None
-    return [Row(item, str(p), number, "row") for number, item in enumerate(table.to_pylist(), start=1)]
+    return [Row(_present(item), str(p), number, "row") for number, item in enumerate(table.to_pylist(), start=1)]
+
+
+def _present(item: dict) -> dict:
+    """Drop null cells: a columnar file stores a field absent from a row as null (mixed-format rows)."""
+    return {k: v for k, v in item.items() if v is not None}
 
 
 def _read_dataset_dir(p: Path) -> list[Row]:
@@ -113,4 +118,4 @@ def _read_dataset_dir(p: Path) -> list[Row]:
         if "train" not in ds:
             raise UserError(f"{p}: a DatasetDict needs a 'train' split (has {', '.join(ds)})")
         ds = ds["train"]
-    return [Row(dict(item), str(p), number, "row") for number, item in enumerate(ds, start=1)]
+    return [Row(_present(dict(item)), str(p), number, "row") for number, item in enumerate(ds, start=1)]

@@ -36,9 +36,10 @@ def check_model_dir(path: str, what: str = "model") -> Path:
     return p
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "right"):
+def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "right", what: str = "model"):
     from transformers import AutoTokenizer
 
+    check_model_dir(path, what)  # a clear message for a missing or non-model directory, before transformers'
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as exc:

@@ -33,7 +33,14 @@ def token_loss_sum(model, batch: dict) -> tuple[torch.Tensor, int]:
 
 
 def encode_all(tokenizer, examples, data_args, path: str) -> list:
-    items = [encode_sft(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+    from jinja2 import TemplateError
+
+    items = []
+    for i, ex in enumerate(examples):
+        try:
+            items.append(encode_sft(tokenizer, ex, data_args.max_length, data_args.max_prompt_length))
+        except (ValueError, TemplateError) as exc:  # the tokenizer's chat template rejects this conversation
+            raise UserError(f"{path}: row {i + 1}: field 'messages': {exc}") from None
     for i, (_, labels) in enumerate(items):
         if all(label == IGNORE_INDEX for label in labels[1:]):
             raise UserError(f"{path}: row {i + 1}: no completion tokens left after truncation to --max-length {data_args.max_length}")

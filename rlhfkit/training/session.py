@@ -59,7 +59,10 @@ def open_session(config, run, total_steps: int, desc: str) -> Session:
     out = Path(run.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{out}: cannot create --output-dir ({exc.strerror})") from None
     seed_everything(run.seed)
     accelerator = make_accelerator(run)
     checkpointer = Checkpointer(out, run.save_total_limit)

@@ -1,0 +1,214 @@
+"""`rlhfkit dpo`: direct preference optimisation (Rafailov et al. 2023), IPO (Azar et al. 2023) and
+conservative DPO (label smoothing).
+
+Per step: take batch_size x accumulation preference pairs. For each micro-batch of B pairs, ONE
+forward pass of the policy over ``[chosen rows; rejected rows]`` (``[2B, L]``, see
+``collate_preferences``) gives log pi(y|x) summed over response tokens; the frozen reference gives
+log pi_ref(y|x) (a copy of the starting model, or with LoRA the same backbone with its adapters off);
+``ops.dpo_loss`` turns the four into per-pair losses. The step's loss is the mean over all its pairs,
+so accumulation gives exactly the loss of one big batch.
+
+The reference never changes, so its log-probs can be computed once before training
+(``--precompute-ref``, one reference forward pass per step saved); for held-out pairs they always are.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rlhfkit.data.collate import SequenceBatch, collate_preferences
+from rlhfkit.data.encode import Encoded, encode_preference
+from rlhfkit.data.schema import load_examples
+from rlhfkit.models.forward import sequence_logprobs
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.lora import adapters_off, apply_lora, save_pretrained
+from rlhfkit.ops import dpo_loss
+from rlhfkit.training import optim as opt
+from rlhfkit.training.batches import chunks, step_indices
+from rlhfkit.training.runtime import disable_dropout
+from rlhfkit.training.session import open_session
+from rlhfkit.training.stream import IndexStream
+
+Pair = tuple[Encoded, Encoded]  # (chosen, rejected) with the same prompt ids
+METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "logps/chosen", "logps/rejected")
+
+
+@dataclass
+class PairBatch:
+    """A micro-batch of B preference pairs.
+
+    rows: [B]      indices of the pairs in their data set (to look up precomputed reference log-probs)
+    seqs: [2B, L]  the B chosen prompt + response rows, then the B rejected ones
+    """
+
+    rows: torch.Tensor
+    seqs: SequenceBatch
+
+
+def make_batch(pairs: list[Pair], rows: list[int], pad_id: int, device) -> PairBatch:
+    return PairBatch(torch.tensor(rows, dtype=torch.long), collate_preferences([pairs[i] for i in rows], pad_id).to(device))
+
+
+def split_pairs(logps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[2B]`` -> chosen ``[B]``, rejected ``[B]`` (``collate_preferences`` puts the chosen rows first)."""
+    half = logps.shape[0] // 2
+    return logps[:half], logps[half:]
+
+
+class Reference:
+    """log pi_ref of preference pairs, ``[2B]`` like the policy's.
+
+    ``model`` is a frozen copy of the starting model, or for LoRA the policy itself, run with its
+    adapters off (the backbone is frozen, so that is the starting model, without a second copy of
+    the weights). ``precompute(split, ...)`` stores ``[N, 2]`` (chosen, rejected) per row of a data
+    set; ``logps`` then looks rows up instead of running the model.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.tables: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def forward(self, seqs: SequenceBatch) -> torch.Tensor:
+        with adapters_off(self.model):
+            return sequence_logprobs(self.model, seqs)
+
+    def precompute(self, split: str, pairs: list[Pair], pad_id: int, batch_size: int, device, autocast) -> None:
+        parts = []
+        for rows in chunks(list(range(len(pairs))), batch_size):
+            with autocast():
+                chosen, rejected = split_pairs(self.forward(make_batch(pairs, rows, pad_id, device).seqs))
+            parts.append(torch.stack([chosen, rejected], dim=1).float().cpu())  # [b, 2]
+        self.tables[split] = torch.cat(parts)
+
+    def logps(self, batch: PairBatch, split: str) -> torch.Tensor:
+        table = self.tables.get(split)
+        if table is None:
+            return self.forward(batch.seqs)
+        looked_up = table[batch.rows].to(batch.seqs.input_ids.device)  # [B, 2]
+        return torch.cat([looked_up[:, 0], looked_up[:, 1]])
+
+
+def pair_losses(policy_logps: torch.Tensor, ref_logps: torch.Tensor, args) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-pair DPO losses ``[B]`` from ``[2B]`` policy and reference log-probs, and the batch's
+    metric sums (divide by the number of pairs for means)."""
+    chosen, rejected = split_pairs(policy_logps)
+    ref_chosen, ref_rejected = split_pairs(ref_logps)
+    losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta,
+                                                        args.loss_type, args.label_smoothing)
+    sums = {
+        "loss": losses.detach().sum(),
+        "rewards/chosen": chosen_rewards.sum(),
+        "rewards/rejected": rejected_rewards.sum(),
+        "rewards/margin": (chosen_rewards - rejected_rewards).sum(),
+        "rewards/accuracy": (chosen_rewards > rejected_rewards).float().sum(),
+        "logps/chosen": chosen.detach().sum(),
+        "logps/rejected": rejected.detach().sum(),
+    }
+    return losses, {k: float(v) for k, v in sums.items()}
+
+
+def encode_all(tokenizer, examples, data_args) -> list[Pair]:
+    # encode_pair keeps at least one response token (EOS at worst), so every pair has something to compare.
+    return [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+
+
+@torch.no_grad()
+def evaluate(model, reference: Reference, pairs: list[Pair], pad_id: int, batch_size: int, args, device, autocast) -> dict[str, float]:
+    model.eval()
+    totals = dict.fromkeys(METRICS, 0.0)
+    for rows in chunks(list(range(len(pairs))), batch_size):
+        batch = make_batch(pairs, rows, pad_id, device)
+        with autocast():
+            _, sums = pair_losses(sequence_logprobs(model, batch.seqs), reference.logps(batch, "eval"), args)
+        totals = {k: totals[k] + sums[k] for k in METRICS}
+    model.train()
+    return {f"eval/{k}": v / len(pairs) for k, v in totals.items()}
+
+
+def train(cfg) -> dict:
+    # 1. Validate every row before anything heavy happens.
+    train_examples = load_examples(cfg.data.data, "preference", "rlhfkit dpo")
+    eval_examples = load_examples(cfg.data.eval_data, "preference", "rlhfkit dpo") if cfg.data.eval_data else []
+
+    # 2. Policy, reference, tokenizer, encoded pairs. Dropout off: the loss compares log-probs of two models.
+    tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
+    disable_dropout(model)  # before LoRA, so an explicit --lora-dropout still applies to the adapters
+    lora = cfg.lora.lora_r > 0
+    frozen = None if lora else copy.deepcopy(model).requires_grad_(False).eval()
+    if lora:
+        model = apply_lora(model, cfg.lora)
+    train_pairs = encode_all(tokenizer, train_examples, cfg.data)
+    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data)
+
+    # 3. Session: accelerator, optimizer, schedule, resume.
+    rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
+    steps = opt.total_steps(cfg.optim, len(train_pairs), rows_per_step)
+    session = open_session(cfg, cfg.run, steps, desc="dpo")
+    acc = session.accelerator
+    optimizer = opt.build_optimizer(model, cfg.optim)
+    scheduler = opt.build_scheduler(optimizer, cfg.optim, steps)
+    model, optimizer = acc.prepare(model, optimizer)
+    reference = Reference(acc.unwrap_model(model) if lora else frozen.to(session.device))
+    stream = IndexStream(len(train_pairs), cfg.run.seed)
+    if cfg.run.resume:
+        state = session.restore({"model": model})
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+    pad_id = tokenizer.pad_token_id
+    model.train()
+
+    # 4. Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored
+    #    at every evaluation), training pairs with --precompute-ref. A resumed run recomputes them.
+    if eval_pairs:
+        reference.precompute("eval", eval_pairs, pad_id, cfg.optim.batch_size, session.device, acc.autocast)
+    if cfg.dpo.precompute_ref:
+        start = time.perf_counter()
+        reference.precompute("train", train_pairs, pad_id, cfg.optim.batch_size, session.device, acc.autocast)
+        session.logger.write(f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in {time.perf_counter() - start:.1f}s")
+
+    # 5. The loop.
+    step_pairs = rows_per_step * acc.num_processes
+    metrics: dict[str, float] = {}
+    for step in range(session.start_step + 1, steps + 1):
+        started = time.perf_counter()
+        micro = [make_batch(train_pairs, rows, pad_id, session.device) for rows in step_indices(stream, cfg.optim, acc)]
+
+        def loss_fn(batch: PairBatch):
+            policy_logps = sequence_logprobs(model, batch.seqs)  # [2B], one pass over chosen + rejected
+            losses, sums = pair_losses(policy_logps, reference.logps(batch, "train"), cfg.dpo)
+            # DDP averages gradients over processes; scale so the result is the mean over the step's pairs.
+            return losses.sum() * acc.num_processes / step_pairs, sums
+
+        sums = opt.accumulate(acc, model, micro, loss_fn)
+        totals = acc.reduce(torch.tensor([sums[k] for k in METRICS], device=session.device), "sum")
+        stats = {k: float(v) / step_pairs for k, v in zip(METRICS, totals)}
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = opt.step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        if not math.isfinite(stats["loss"]):
+            raise FloatingPointError(f"dpo: the loss became {stats['loss']} at step {step}")
+        metrics = {**stats, "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch,
+                   "time/step_s": time.perf_counter() - started}
+        if eval_pairs and ((cfg.run.eval_steps and step % cfg.run.eval_steps == 0) or step == steps):
+            metrics.update(evaluate(model, reference, eval_pairs, pad_id, cfg.optim.batch_size, cfg.dpo,
+                                    session.device, acc.autocast))
+        if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
+            session.logger.log(step, metrics)
+        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
+            session.save(step, {"model": model}, {"optimizer": optimizer.state_dict(),
+                                                  "scheduler": scheduler.state_dict(), "stream": stream.state_dict()})
+        session.logger.advance()
+
+    # 6. Final model in Hugging Face format (LoRA: merged, and the adapter under adapter/).
+    acc.wait_for_everyone()
+    if session.is_main:
+        save_pretrained(acc.unwrap_model(model), tokenizer, session.output_dir)
+    session.close()
+    return metrics

@@ -1,0 +1,58 @@
+"""`rlhfkit generate`: sample one response per prompt and write ``{"prompt", "response", ...}`` JSONL rows.
+
+Rows come out in input order; fields of the input row besides ``prompt`` are passed through.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.schema import load_examples
+from rlhfkit.errors import UserError
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.sampling import decode, sample_responses
+from rlhfkit.training.runtime import seed_everything
+
+
+def pick_device(cpu: bool) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
+
+
+def run(cfg) -> Path:
+    """Entry point of `rlhfkit generate`; returns the output path."""
+    # 1. Validate every prompt row before loading the model.
+    examples = load_examples(cfg.io.data, "prompt", "rlhfkit generate")
+    out = Path(cfg.io.output)
+    if out.is_dir():
+        raise UserError(f"{out}: --output is a directory; give a .jsonl file path")
+
+    # 2. Model, tokenizer, prompt ids.
+    tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
+    device = pick_device(cfg.io.cpu)
+    model.to(device)
+    prompts_ids = [encode_prompt(tokenizer, ex.prompt, cfg.io.max_prompt_length) for ex in examples]
+    for i, ids in enumerate(prompts_ids):
+        if not ids:
+            raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
+
+    # 3. Sample.
+    seed_everything(cfg.io.seed)
+    with tqdm(total=len(examples), desc="generate", unit="row", dynamic_ncols=True) as bar:
+        responses = sample_responses(model, tokenizer, prompts_ids, cfg.generation, cfg.io.batch_size, device,
+                                     progress=bar.update)
+
+    # 4. Write rows in input order.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as handle:
+        for ex, ids in zip(examples, responses):
+            row = {"prompt": ex.prompt, "response": decode(tokenizer, ids)}
+            row.update({k: v for k, v in ex.extra.items() if k not in row})
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(responses)} responses to {out}")
+    return out

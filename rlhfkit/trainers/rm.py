@@ -1,0 +1,249 @@
+"""`rlhfkit rm`: a Bradley–Terry reward model from preference pairs (Ouyang et al. 2022).
+
+Per step: take batch_size x accumulation pairs; each micro-batch puts its chosen and rejected rows
+through ONE forward pass ([2B, L]), scores them at the last real token, and backpropagates
+
+    (−log σ(s_c − s_r − margin) + center_coef·(s_c + s_r)²), summed over its pairs / pairs in the step
+
+so accumulation gives exactly the loss of one big batch. Dropout is off: a pair's two scores and the
+resumed run then match an uninterrupted one exactly.
+
+``--ensemble K`` trains K independent reward models with seeds seed, seed+1, ...: member 0 in
+``OUT`` itself, member i in ``OUT/member-i`` (each a full reward-model directory with its own
+metrics.jsonl and checkpoints), listed in ``OUT/ensemble.json`` with the ensemble's statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from rlhfkit.data.collate import SequenceBatch, collate_preferences
+from rlhfkit.data.encode import Encoded, encode_preference
+from rlhfkit.data.schema import PreferenceExample, load_examples
+from rlhfkit.models.loading import load_tokenizer
+from rlhfkit.models.lora import save_pretrained
+from rlhfkit.models.reward import (ENSEMBLE_FILE, STATS_FILE, RewardScorer, build_reward_model, score_encoded,
+                                   score_stats, sequence_scores)
+from rlhfkit.ops import bradley_terry_loss
+from rlhfkit.training import optim as opt
+from rlhfkit.training.batches import step_indices
+from rlhfkit.training.checkpoint import Checkpointer
+from rlhfkit.training.runtime import disable_dropout, seed_everything
+from rlhfkit.training.session import open_session
+from rlhfkit.training.stream import IndexStream
+
+
+@dataclass
+class Pairs:
+    """B encoded preference pairs and their margins (0 where a row gives none)."""
+
+    chosen: list[Encoded]
+    rejected: list[Encoded]
+    margin: list[float]
+
+
+@dataclass
+class PairBatch:
+    """seqs: [2B, L] chosen rows then rejected rows (right-padded); margin: [B]."""
+
+    seqs: SequenceBatch
+    margin: torch.Tensor
+
+    @property
+    def num_pairs(self) -> int:
+        return self.margin.shape[0]
+
+
+def encode_all(tokenizer, examples: list[PreferenceExample], data_args) -> Pairs:
+    pairs = [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+    return Pairs([c for c, _ in pairs], [r for _, r in pairs], [ex.margin or 0.0 for ex in examples])
+
+
+def collate(pairs: Pairs, idx: list[int], pad_id: int) -> PairBatch:
+    seqs = collate_preferences([(pairs.chosen[i], pairs.rejected[i]) for i in idx], pad_id)
+    return PairBatch(seqs, torch.tensor([pairs.margin[i] for i in idx], dtype=torch.float32))
+
+
+def preference_accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Fraction of pairs ranked right (s_c > s_r); a tie counts one half."""
+    return ((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean()
+
+
+def preference_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None,
+                    center_coef: float) -> torch.Tensor:
+    """Mean over B pairs of −log σ(s_c − s_r − margin) + center_coef·(s_c + s_r)².
+
+    The centering term (Eisenstein et al. 2023) pins the free offset of Bradley–Terry scores near 0.
+    ``chosen``, ``rejected``, ``margin``: ``[B]``.
+    """
+    loss = bradley_terry_loss(chosen, rejected, margin)
+    if center_coef:
+        loss = loss + center_coef * ((chosen + rejected) ** 2).mean()
+    return loss
+
+
+def pair_scores(model, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B], [B])`` chosen and rejected scores from one forward pass over the [2B, L] batch."""
+    return sequence_scores(model, batch.seqs).chunk(2)
+
+
+@torch.no_grad()
+def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device) -> dict[str, float]:
+    chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device)
+    rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device)
+    margin = torch.tensor(pairs.margin)
+    return {"eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
+            "eval/accuracy": float(preference_accuracy(chosen, rejected))}
+
+
+def train(cfg) -> dict:
+    # 1. Validate every row before anything heavy happens.
+    train_examples = load_examples(cfg.data.data, "preference", "rlhfkit rm")
+    eval_examples = load_examples(cfg.data.eval_data, "preference", "rlhfkit rm") if cfg.data.eval_data else []
+    out = Path(cfg.run.output_dir)
+    if out.is_dir():
+        (out / ENSEMBLE_FILE).unlink(missing_ok=True)  # written last: its presence means a finished ensemble
+    if cfg.reward.ensemble == 1:
+        return train_one(cfg, train_examples, eval_examples)
+
+    # 2. Ensemble: K independent members, then their joint statistics.
+    members = []
+    for i in range(cfg.reward.ensemble):
+        member_cfg = _member_config(cfg, i)
+        members.append(Path(member_cfg.run.output_dir))
+        if cfg.run.resume and (members[-1] / STATS_FILE).is_file():
+            continue  # this member finished before the interruption
+        train_one(member_cfg, train_examples, eval_examples)
+    from accelerate import PartialState
+
+    return write_ensemble(cfg, members, train_examples, eval_examples) if PartialState().is_main_process else {}
+
+
+def _member_config(cfg, i: int):
+    """Member i: seed + i, in OUT (i = 0) or OUT/member-i, resuming only if it has a checkpoint."""
+    if i == 0:
+        return cfg
+    out = Path(cfg.run.output_dir) / f"member-{i}"
+    resume = cfg.run.resume and Checkpointer(out).latest() is not None
+    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume)
+    return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
+
+
+def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]) -> dict:
+    """Train one reward model into ``cfg.run.output_dir``; returns the last logged metrics."""
+    out = Path(cfg.run.output_dir)
+    if out.is_dir():
+        (out / STATS_FILE).unlink(missing_ok=True)  # written last: its presence means a finished model
+
+    # 2. Model (the new head's initialisation depends on the seed), tokenizer, encoded pairs.
+    seed_everything(cfg.run.seed)
+    tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    model = build_reward_model(cfg.model.model, tokenizer, cfg.model.trust_remote_code)
+    disable_dropout(model)
+    train_pairs = encode_all(tokenizer, train_examples, cfg.data)
+    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
+
+    # 3. Session: accelerator, optimizer, schedule, resume.
+    rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
+    steps = opt.total_steps(cfg.optim, len(train_examples), rows_per_step)
+    session = open_session(cfg, cfg.run, steps, desc="rm")
+    acc = session.accelerator
+    optimizer = opt.build_optimizer(model, cfg.optim)
+    scheduler = opt.build_scheduler(optimizer, cfg.optim, steps)
+    model, optimizer = acc.prepare(model, optimizer)
+    stream = IndexStream(len(train_examples), cfg.run.seed)
+    if cfg.run.resume:
+        state = session.restore({"model": model})
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+    pad_id = tokenizer.pad_token_id
+    center_coef = cfg.reward.center_coef
+    model.train()
+
+    # 4. The loop.
+    metrics: dict[str, float] = {}
+    for step in range(session.start_step + 1, steps + 1):
+        micro = [collate(train_pairs, idx, pad_id) for idx in step_indices(stream, cfg.optim, acc)]
+        micro = [PairBatch(b.seqs.to(session.device), b.margin.to(session.device)) for b in micro]
+        step_pairs = float(acc.reduce(torch.tensor(float(sum(b.num_pairs for b in micro)), device=session.device), "sum"))
+
+        def loss_fn(batch: PairBatch):
+            chosen, rejected = pair_scores(model, batch)
+            share = batch.num_pairs / step_pairs  # this micro-batch's share of the step's pairs
+            # DDP averages gradients over processes; scale so the result is the mean over the global step.
+            loss = preference_loss(chosen, rejected, batch.margin, center_coef) * share * acc.num_processes
+            c, r = chosen.detach(), rejected.detach()
+            return loss, {"loss": float(loss.detach()) / acc.num_processes,
+                          "accuracy": float(preference_accuracy(c, r)) * share,
+                          "reward/chosen": float(c.mean()) * share, "reward/rejected": float(r.mean()) * share}
+
+        local = opt.accumulate(acc, model, micro, loss_fn)
+        stats = {k: float(acc.reduce(torch.tensor(v, device=session.device), "sum")) for k, v in local.items()}
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = opt.step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        if not math.isfinite(stats["loss"]):
+            raise FloatingPointError(f"rm: the loss became {stats['loss']} at step {step}")
+        metrics = {**stats, "reward/margin": stats["reward/chosen"] - stats["reward/rejected"],
+                   "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
+        if eval_pairs and ((cfg.run.eval_steps and step % cfg.run.eval_steps == 0) or step == steps):
+            metrics.update(evaluate(model, eval_pairs, pad_id, cfg.optim.batch_size, session.device))
+        if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
+            session.logger.log(step, metrics)
+        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
+            session.save(step, {"model": model}, {"optimizer": optimizer.state_dict(),
+                                                  "scheduler": scheduler.state_dict(), "stream": stream.state_dict()})
+        session.logger.advance()
+
+    # 5. Final model in Hugging Face format, then the score statistics PPO normalises with (written
+    #    last: their presence marks a finished model).
+    acc.wait_for_everyone()
+    if session.is_main:
+        model = acc.unwrap_model(model)
+        save_pretrained(model, tokenizer, session.output_dir)
+        scores = torch.cat([score_encoded(model, train_pairs.chosen, pad_id, cfg.optim.batch_size, session.device),
+                            score_encoded(model, train_pairs.rejected, pad_id, cfg.optim.batch_size, session.device)])
+        stats = {**score_stats(scores), "max_length": cfg.data.max_length, "max_prompt_length": cfg.data.max_prompt_length}
+        _write_json(session.output_dir / STATS_FILE, stats)
+    session.close()
+    return metrics
+
+
+def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExample],
+                   eval_examples: list[PreferenceExample]) -> dict:
+    """Write ``OUT/ensemble.json``: members, seeds, conservative k, and the statistics of the ensemble
+    mean over the training responses (what PPO normalises), plus held-out accuracy when eval data is given."""
+    root = Path(cfg.run.output_dir)
+    names = [str(m.relative_to(root)) for m in members]
+    info = {"members": names, "seeds": [cfg.run.seed + i for i in range(len(members))],
+            "conservative_k": cfg.reward.conservative_k}
+    _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
+    device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
+    scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code)
+    prompts = [ex.prompt for ex in train_examples]
+    scores = torch.cat([scorer.member_scores(prompts, [ex.chosen for ex in train_examples], cfg.optim.batch_size),
+                        scorer.member_scores(prompts, [ex.rejected for ex in train_examples], cfg.optim.batch_size)], dim=1)
+    info["stats"] = score_stats(scores.mean(dim=0).cpu())
+    metrics: dict[str, float] = {}
+    if eval_examples:
+        prompts = [ex.prompt for ex in eval_examples]
+        chosen = scorer.member_scores(prompts, [ex.chosen for ex in eval_examples], cfg.optim.batch_size).cpu()
+        rejected = scorer.member_scores(prompts, [ex.rejected for ex in eval_examples], cfg.optim.batch_size).cpu()
+        metrics = {"eval/accuracy": float(preference_accuracy(chosen.mean(0), rejected.mean(0))),
+                   "eval/conservative_accuracy": float(preference_accuracy(
+                       chosen.mean(0) - info["conservative_k"] * chosen.std(0),
+                       rejected.mean(0) - info["conservative_k"] * rejected.std(0)))}
+        info["eval"] = {**metrics, "member_accuracy": [float(preference_accuracy(c, r)) for c, r in zip(chosen, rejected)]}
+    _write_json(root / ENSEMBLE_FILE, info)
+    return metrics
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)

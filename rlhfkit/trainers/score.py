@@ -1,0 +1,47 @@
+"""`rlhfkit score`: reward-model scores for prompt/response rows.
+
+Each output line is the input row unchanged (every field kept, same order of rows) plus ``score``,
+and ``score_std`` (the spread across members) for an ensemble reward model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from rlhfkit.data.readers import read_rows
+from rlhfkit.data.schema import to_example
+from rlhfkit.errors import UserError
+from rlhfkit.models.reward import RewardScorer
+
+
+def run(cfg) -> Path:
+    # 1. Validate every row before loading the model.
+    rows = read_rows(cfg.io.data)
+    examples = [to_example(row, "prompt_response", "rlhfkit score") for row in rows]
+    output = Path(cfg.io.output)
+    if output.is_dir():
+        raise UserError(f"{output}: --output is a directory; give a file name")
+
+    # 2. Score with the reward model's own tokenizer.
+    device = torch.device("cuda" if torch.cuda.is_available() and not cfg.io.cpu else "cpu")
+    scorer = RewardScorer.load(cfg.score.reward_model, device, cfg.score.trust_remote_code)
+    scorer.max_prompt_length = cfg.io.max_prompt_length
+    scores = scorer.score([ex.prompt for ex in examples], [ex.response for ex in examples], cfg.io.batch_size)
+
+    # 3. Write the rows in input order, atomically.
+    mean = scores.mean.tolist()
+    std = scores.std.tolist() if scores.std is not None else None
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for i, row in enumerate(rows):
+            record = {**row.data, "score": mean[i]}
+            if std is not None:
+                record["score_std"] = std[i]
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.replace(output)
+    print(f"wrote {len(rows)} scored rows to {output}")
+    return output

@@ -1,0 +1,102 @@
+"""`sample_responses`: left padding is invisible, responses stop after the first EOS, seeding, neutral defaults."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.sampling import cut_at_stop, decode, sample_responses
+
+PROMPTS = ["Question: what does alice want? Answer:", "hi", "User: please give bob the hat\nAssistant:", "the egg"]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_causal_lm(str(tiny_model_dir), tokenizer=tok)
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    assert len({len(i) for i in ids}) == len(ids)  # different lengths, so the batch is padded
+    return model, tok, ids
+
+
+def greedy_unpadded(model, prompt_ids: list[int], n: int, eos: int) -> list[int]:
+    """Oracle: argmax decoding one prompt at a time, full forward pass each step, no cache, no padding."""
+    seq = list(prompt_ids)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            token = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(token)
+            seq.append(token)
+            if token == eos:
+                break
+    return out
+
+
+def test_left_padded_batched_sampling_matches_one_prompt_at_a_time(lm):
+    model, tok, ids = lm
+    args = GenerationArgs(max_new_tokens=12, top_k=1)  # top-k 1 makes sampling deterministic (greedy)
+    got = sample_responses(model, tok, ids, args, batch_size=4, device="cpu")
+    want = [greedy_unpadded(model, p, 12, tok.eos_token_id) for p in ids]
+    assert got == want
+
+
+def test_responses_stop_after_the_first_eos(lm):
+    model, tok, ids = lm
+    eos = tok.eos_token_id
+    assert tok.pad_token_id != eos
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, _i, out: out + 4.0 * torch.nn.functional.one_hot(
+        torch.tensor(eos), out.shape[-1]).to(out.dtype))  # make EOS likely, at random places
+    try:
+        torch.manual_seed(0)
+        got = sample_responses(model, tok, ids * 4, GenerationArgs(max_new_tokens=16), batch_size=8, device="cpu")
+    finally:
+        hook.remove()
+    ended = [r for r in got if eos in r]
+    assert len(ended) >= 12 and len({len(r) for r in got}) > 3
+    for r in got:
+        assert 1 <= len(r) <= 16
+        assert eos not in r[:-1]  # nothing after the first EOS, EOS kept as the last token
+        assert tok.pad_token_id not in r or r[-1] != eos or r.index(tok.pad_token_id) < len(r) - 1
+    assert all(decode(tok, r) == tok.decode(r[:-1] if r[-1] == eos else r) for r in got)
+
+
+def test_sampling_is_seeded_and_ignores_the_models_generation_defaults(lm):
+    model, tok, ids = lm
+    args = GenerationArgs(max_new_tokens=10, temperature=1.0)
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        return sample_responses(model, tok, ids, args, batch_size=2, device="cpu")
+
+    first = sample(3)
+    assert sample(3) == first and sample(4) != first
+    saved = model.generation_config
+    model.generation_config = type(saved)(**{**saved.to_dict(), "top_k": 1, "repetition_penalty": 3.0, "do_sample": False})
+    try:
+        assert sample(3) == first  # sampling follows GenerationArgs only
+    finally:
+        model.generation_config = saved
+    assert model.generation_config is saved
+
+
+def test_top_k_and_temperature_limit_the_choices(lm):
+    model, tok, ids = lm
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids[0]])).logits[0, -1]
+    top2 = set(logits.topk(2).indices.tolist())
+    firsts = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        (r,) = sample_responses(model, tok, [ids[0]], GenerationArgs(max_new_tokens=1, top_k=2, temperature=5.0), 1, "cpu")
+        firsts.add(r[0])
+    assert firsts == top2
+
+
+def test_cut_at_stop():
+    assert cut_at_stop([5, 6, 0, 7, 0], [0]) == [5, 6, 0]
+    assert cut_at_stop([5, 6, 7], [0]) == [5, 6, 7]
+    assert cut_at_stop([9, 5, 0], [0, 9]) == [9]

@@ -34,21 +34,11 @@ COMMANDS: dict[str, Command] = {
     "dpo": Command(c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"),
     "generate": Command(c.GenerateConfig, "rlhfkit.trainers.generate:run", "sample responses for prompts -> JSONL"),
     "score": Command(c.ScoreConfig, "rlhfkit.trainers.score:run", "reward-model scores for prompt/response rows -> JSONL"),
+    "eval": Command(c.EvalConfig, "rlhfkit.evaluation.evaluate:run",
+                    "sample a policy on prompts: RM score, gold score, KL to a reference, length, diversity -> JSON"),
+    "demo": Command(c.DemoConfig, "rlhfkit.demo.pipeline:run",
+                    "the built-in customer-support task end to end (SFT, RM, PPO, PPO without KL, DPO) with a report"),
 }
-
-
-def register(name: str, command: Command) -> None:
-    """Add a command (used by modules that define their own config, e.g. eval and demo)."""
-    COMMANDS[name] = command
-
-
-def _load_extra_commands() -> None:
-    for module in ("rlhfkit.cli.extra",):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
 
 
 def usage() -> str:
@@ -61,7 +51,6 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _load_extra_commands()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if argv else 2

@@ -75,7 +75,7 @@ class RewardArgs:
     center_coef: float = 0.0
     """Reward centering: adds center_coef x mean((s_chosen + s_rejected)^2) so scores stay near 0."""
     ensemble: int = 1
-    """Train K reward models with different seeds; scores are their mean (and std)."""
+    """Train K reward models with seeds seed..seed+K-1 (OUT = member 0, OUT/member-i); scores are their mean (and std)."""
     conservative_k: float = 1.0
     """Ensemble conservative score = mean - conservative_k x std."""
 
@@ -92,7 +92,7 @@ class RMConfig:
     def check(self) -> None:
         _check_training(self.optim, self.run)
         _positive(ensemble=self.reward.ensemble)
-        _at_least(0, center_coef=self.reward.center_coef)
+        _at_least(0, center_coef=self.reward.center_coef, conservative_k=self.reward.conservative_k)
 
 
 @dataclass
@@ -249,3 +249,46 @@ class ScoreConfig:
 
     def check(self) -> None:
         _positive(batch_size=self.io.batch_size)
+
+
+@dataclass
+class EvalArgs:
+    reward_model: str = ""
+    """Reward model directory to score the samples with (optional)."""
+    reference_model: str = ""
+    """Reference policy directory (e.g. the SFT model) to measure KL(policy || reference) against (optional)."""
+    gold_judge: str = ""
+    """Name of a built-in task judge (e.g. 'support') to report the gold score (optional)."""
+    num_prompts: int = 0
+    """Evaluate on the first N prompts only (0: all)."""
+
+
+@dataclass
+class EvalConfig:
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output")
+    model: ModelArgs = field(default_factory=ModelArgs)
+    eval: EvalArgs = field(default_factory=EvalArgs)
+    io: IOArgs = field(default_factory=IOArgs)
+    generation: GenerationArgs = field(default_factory=GenerationArgs)
+
+    def check(self) -> None:
+        _positive(batch_size=self.io.batch_size, temperature=self.generation.temperature,
+                  max_new_tokens=self.generation.max_new_tokens)
+        _at_least(0, num_prompts=self.eval.num_prompts)
+
+
+@dataclass
+class DemoConfig:
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+    output_dir: str = "runs/demo"
+    """Where the data, every stage's model, report.md, summary.json and the plots go."""
+    seed: int = 0
+    """Seed of the task data and of every stage."""
+    arch: Literal["gpt2", "llama"] = "gpt2"
+    """Architecture of the small model the demo trains."""
+    size: Literal["tiny", "small"] = "tiny"
+    """Model size; tiny (~0.25M parameters) runs in minutes on a laptop CPU."""
+    quick: bool = False
+    """A few steps per stage: checks the wiring in seconds; the numbers mean nothing."""
+    progress: bool = True
+    """Show progress bars of the stages."""

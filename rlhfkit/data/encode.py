@@ -43,9 +43,11 @@ def encode_response(tokenizer, prompt: Text, response: Text, add_eos: bool = Tru
 
 def encode_pair(tokenizer, prompt: Text, response: Text, max_length: int, max_prompt_length: int,
                 add_eos: bool = True, prompt_ids: list[int] | None = None) -> Encoded:
-    """Prompt + response, the response cut at the end so the whole fits in ``max_length``."""
+    """Prompt + response fitting in ``max_length``: the response is cut at its end first; a prompt that
+    leaves no room for one response token then loses its first tokens."""
     if prompt_ids is None:
         prompt_ids = encode_prompt(tokenizer, prompt, max_prompt_length)
+    prompt_ids = prompt_ids[max(len(prompt_ids) - max(max_length - 1, 1), 0):]
     response_ids = encode_response(tokenizer, prompt, response, add_eos)
     room = max(max_length - len(prompt_ids), 1)
     return Encoded(prompt_ids, response_ids[:room])

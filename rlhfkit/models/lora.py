@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.errors import UserError
 from rlhfkit.training.checkpoint import assert_finite
 
 
@@ -25,7 +26,10 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
                         target_modules=target_modules, task_type=task_type)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GPT-2's Conv1D fan_in_fan_out notice
-        return get_peft_model(model, config)
+        try:
+            return get_peft_model(model, config)
+        except ValueError as exc:  # e.g. no module matches --lora-target-modules
+            raise UserError(f"--lora-target-modules {targets}: {str(exc).splitlines()[0]}") from None
 
 
 def is_lora(model) -> bool:

@@ -62,6 +62,9 @@ def sample_responses(model, tokenizer, prompts_ids: list[list[int]], generation_
                      device, progress=None) -> list[list[int]]:
     """Sample one response per prompt; returns response token ids, each cut after its first EOS (kept).
 
+    EOS here is any of ``stop_token_ids``: the tokenizer's EOS and end-of-turn ids listed in the model's
+    generation config. A response that never stops has ``max_new_tokens`` tokens and no EOS.
+
     prompts_ids: token ids of each prompt (already truncated to the longest allowed prompt).
     generation_args: a ``GenerationArgs`` (max_new_tokens, temperature, top_k, top_p).
     progress: optional callable ``progress(n_rows_done_in_this_batch)``, e.g. a tqdm bar's ``update``.
@@ -71,6 +74,7 @@ def sample_responses(model, tokenizer, prompts_ids: list[list[int]], generation_
         raise ValueError("sample_responses: every prompt needs at least one token")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = stop_token_ids(model, tokenizer)
+    model = getattr(model, "module", model)  # DDP wraps the model; generate lives on the inner one
     was_training = model.training
     model.eval()
     responses: list[list[int]] = []

@@ -30,6 +30,10 @@ def run(cfg) -> Path:
     out = Path(cfg.io.output)
     if out.is_dir():
         raise UserError(f"{out}: --output is a directory; give a .jsonl file path")
+    try:  # fail before sampling, not after
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{out}: cannot create the folder of --output ({exc.strerror})") from None
 
     # 2. Model, tokenizer, prompt ids.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
@@ -48,11 +52,14 @@ def run(cfg) -> Path:
                                      progress=bar.update)
 
     # 4. Write rows in input order.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as handle:
-        for ex, ids in zip(examples, responses):
-            row = {"prompt": ex.prompt, "response": decode(tokenizer, ids)}
-            row.update({k: v for k, v in ex.extra.items() if k not in row})
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    rows = []
+    for ex, ids in zip(examples, responses):
+        row = {"prompt": ex.prompt, "response": decode(tokenizer, ids)}
+        row.update({k: v for k, v in ex.extra.items() if k not in row})
+        rows.append(json.dumps(row, ensure_ascii=False) + "\n")
+    try:
+        out.write_text("".join(rows), encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write --output ({exc.strerror})") from None
     print(f"wrote {len(responses)} responses to {out}")
     return out

@@ -234,11 +234,13 @@ def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExam
         prompts = [ex.prompt for ex in eval_examples]
         chosen = scorer.member_scores(prompts, [ex.chosen for ex in eval_examples], cfg.optim.batch_size).cpu()
         rejected = scorer.member_scores(prompts, [ex.rejected for ex in eval_examples], cfg.optim.batch_size).cpu()
-        metrics = {"eval/accuracy": float(preference_accuracy(chosen.mean(0), rejected.mean(0))),
-                   "eval/conservative_accuracy": float(preference_accuracy(
-                       chosen.mean(0) - info["conservative_k"] * chosen.std(0),
-                       rejected.mean(0) - info["conservative_k"] * rejected.std(0)))}
-        info["eval"] = {**metrics, "member_accuracy": [float(preference_accuracy(c, r)) for c, r in zip(chosen, rejected)]}
+        k = cfg.reward.conservative_k
+        info["eval"] = {
+            "accuracy": float(preference_accuracy(chosen.mean(0), rejected.mean(0))),
+            "conservative_accuracy": float(preference_accuracy(chosen.mean(0) - k * chosen.std(0),
+                                                               rejected.mean(0) - k * rejected.std(0))),
+            "member_accuracy": [float(preference_accuracy(c, r)) for c, r in zip(chosen, rejected)]}
+        metrics = {"eval/accuracy": info["eval"]["accuracy"], "eval/conservative_accuracy": info["eval"]["conservative_accuracy"]}
     _write_json(root / ENSEMBLE_FILE, info)
     return metrics
 

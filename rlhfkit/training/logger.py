@@ -14,6 +14,14 @@ def _clean(value):
     return value if math.isfinite(value) else None
 
 
+def _step_of(line: str) -> float:
+    """The step of a metrics line; a line cut short by a kill counts as after every step (dropped)."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return math.inf
+
+
 class MetricsLogger:
     """``log(step, {...})`` appends one JSON line (with ``"step"``) and TensorBoard scalars.
 
@@ -31,7 +39,7 @@ class MetricsLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if start_step > 0 and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= start_step]
+            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= start_step]
         self.path.write_text("".join(line + "\n" for line in kept))
         from torch.utils.tensorboard import SummaryWriter
 

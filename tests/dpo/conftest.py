@@ -5,10 +5,21 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from dpo_task import HELD_OUT_ITEMS, TRAIN_ITEMS, Task, bad, good, preference_rows, prompt, write_rows
 from rlhfkit.config.commands import DPOConfig, SFTConfig
 from rlhfkit.config.parse import parse_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread; several threads per process on a busy 2-core
+    machine mostly spin. Restored afterwards, so other test folders keep their setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +30,7 @@ def task(tmp_path_factory) -> Task:
     root = tmp_path_factory.mktemp("dpo_task")
     items = TRAIN_ITEMS + HELD_OUT_ITEMS
     lines = [prompt(i) + good(i) for i in items] + [prompt(i) + bad(i) for i in items]
-    tokenizer = train_tokenizer(lines * 4, vocab_size=300)
+    tokenizer = train_tokenizer(lines * 4, vocab_size=512)
     init = root / "init"
     build_model("gpt2", "tiny", tokenizer, seed=0).save_pretrained(init, safe_serialization=True)
     tokenizer.save_pretrained(init)
@@ -31,8 +42,8 @@ def task(tmp_path_factory) -> Task:
     sft_path = write_rows(root / "sft.jsonl", sft_rows)
     base = root / "base"
     cfg, _ = parse_config("rlhfkit sft", SFTConfig, ["--model", str(init), "--data", sft_path, "--output-dir", str(base),
-                                                     "--max-steps", "60", "--learning-rate", "3e-3", "--batch-size", "16",
-                                                     "--progress", "false", "--logging-steps", "60"])
+                                                     "--max-steps", "150", "--learning-rate", "5e-3", "--batch-size", "16",
+                                                     "--progress", "false", "--logging-steps", "150"])
     sft.train(cfg)
 
     return Task(root, str(base), write_rows(root / "prefs_train.jsonl", preference_rows(TRAIN_ITEMS)),

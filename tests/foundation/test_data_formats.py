@@ -184,3 +184,13 @@ def test_truncation_keeps_prompt_end_and_cuts_response_end(tiny_model_dir):
     assert len(ids) == 12
     assert ids[:6] == prompt_ids[-6:]
     assert sum(lab != IGNORE_INDEX for lab in labels) == 6
+
+
+def test_a_prompt_longer_than_max_length_loses_its_start_and_keeps_one_response_token(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    ex = SFTExample(prompt="Question: what does alice want please please please? Answer:", completion=" alice wants it.")
+    prompt_ids = tok(ex.prompt)["input_ids"]
+    assert len(prompt_ids) > 8
+    ids, labels = encode_sft(tok, ex, max_length=8, max_prompt_length=128)
+    assert len(ids) == 8 and ids[:7] == prompt_ids[-7:]
+    assert [lab != IGNORE_INDEX for lab in labels] == [False] * 7 + [True]

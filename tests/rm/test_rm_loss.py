@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import preference_rows
+from rm_helpers import preference_rows
 
 from rlhfkit.data.encode import encode_preference
 from rlhfkit.data.schema import PreferenceExample

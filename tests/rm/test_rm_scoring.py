@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import PROMPTS, preference_rows, rm_config, write_jsonl
+from rm_helpers import PROMPTS, preference_rows, rm_config, write_jsonl
 
 from rlhfkit.cli.main import main
 from rlhfkit.data.collate import collate_pairs
@@ -63,7 +63,7 @@ def test_an_encoder_reward_model_trains(tiny_bert, task_data, tmp_path):
     rm.train(rm_config(["--model", tiny_bert, "--data", task_data["train"], "--eval-data", task_data["eval"],
                         "--output-dir", str(out), "--max-steps", "30", "--learning-rate", "3e-3", "--batch-size", "16"]))
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["eval/accuracy"] >= 0.8
+    assert last["eval/accuracy"] >= 0.9
     assert RewardScorer.load(str(out), "cpu").score([PROMPTS[0]], [" thanks"]).mean.shape == (1,)
 
 

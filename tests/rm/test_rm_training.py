@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import preference_rows, rm_config, write_jsonl
+from rm_helpers import preference_rows, rm_config, write_jsonl
 from safetensors.torch import load_file
 
 from rlhfkit.errors import UserError
@@ -84,8 +85,6 @@ def test_resume_ends_exactly_as_an_uninterrupted_run(tiny_lm, task_data, tmp_pat
     full_weights, full_metrics = weights(out), metrics(out)
     stats = (out / "reward_stats.json").read_text()
     # Pretend the run was killed after the step-3 checkpoint.
-    import shutil
-
     shutil.rmtree(out / "checkpoints" / "step-6")
     rm.train(rm_config(argv + ["--resume"]))
     for name, value in weights(out).items():

@@ -10,7 +10,8 @@ import torch
 from rlhfkit import ops
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.errors import UserError
-from rlhfkit.trainers.ppo.rollout import Rollout, generate, left_pad_prompts
+from rlhfkit.models.sampling import decode, sample_responses
+from rlhfkit.trainers.ppo.rollout import Rollout
 
 GOLD_PROMPTS = 64  # held-out prompts sampled for reward/gold
 SAMPLES_PER_STEP = 4
@@ -85,11 +86,10 @@ class GoldEvaluator:
         from rlhfkit.data.encode import encode_prompt
 
         ids = [encode_prompt(tokenizer, p, cfg.data.max_prompt_length) for p in self.prompts]
-        q, m = left_pad_prompts(ids, tokenizer.pad_token_id, device)
         with torch.random.fork_rng(devices=[]):  # sampling here must not shift the training run's randomness
             torch.manual_seed(seed)
-            resp, mask = generate(policy, q, m, cfg.generation, tokenizer.eos_token_id, tokenizer.pad_token_id)
-        return tokenizer.batch_decode(resp * mask + tokenizer.pad_token_id * (1 - mask), skip_special_tokens=True)
+            responses = sample_responses(policy, tokenizer, ids, cfg.generation, len(ids), device)
+        return [decode(tokenizer, r) for r in responses]
 
     def evaluate(self, policy, tokenizer, cfg, device) -> float:
         texts = self.responses(policy, tokenizer, cfg, device)

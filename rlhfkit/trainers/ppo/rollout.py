@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from rlhfkit.data.collate import pad
+from rlhfkit.models.sampling import sample_responses
 
 
 @dataclass
@@ -51,23 +52,15 @@ def left_pad_prompts(prompts: list[list[int]], pad_id: int, device) -> tuple[tor
     return ids, mask
 
 
-def truncate_after_eos(response_ids: torch.Tensor, eos_id: int | None, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask ``[B, T]`` with 1 up to and including the first EOS; tokens after it become padding."""
-    if eos_id is None:
-        mask = torch.ones_like(response_ids)
-    else:
-        is_eos = response_ids == eos_id
-        after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0  # strictly after the first EOS
-        mask = (~after_eos).long()
-    return torch.where(mask.bool(), response_ids, torch.full_like(response_ids, pad_id)), mask
-
-
 @torch.no_grad()
-def generate(model, query_ids, query_mask, generation, eos_id: int | None, pad_id: int):
-    """Sample responses with the KV cache; returns ``(response_ids [B, T], response_mask [B, T])``."""
-    kwargs = dict(do_sample=True, temperature=generation.temperature, max_new_tokens=generation.max_new_tokens,
-                  top_k=generation.top_k or None, top_p=generation.top_p, use_cache=True,
-                  eos_token_id=eos_id, pad_token_id=pad_id)
-    out = model.generate(input_ids=query_ids, attention_mask=query_mask, **kwargs)
-    response = out[:, query_ids.shape[1]:]
-    return truncate_after_eos(response, eos_id, pad_id)
+def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
+    """Sample one response per prompt with the KV cache (``rlhfkit.models.sampling``).
+
+    Returns ``(query_ids [B, P] left-padded, query_mask, response_ids [B, T] right-padded, response_mask)``;
+    a response ends at its first EOS (kept, masked 1), padding after it is masked 0.
+    """
+    responses = sample_responses(model, tokenizer, prompt_ids, generation, len(prompt_ids), device)
+    query_ids, query_mask = left_pad_prompts(prompt_ids, tokenizer.pad_token_id, device)
+    response_ids = pad(responses, tokenizer.pad_token_id).to(device)
+    response_mask = pad([[1] * len(r) for r in responses], 0).to(device)
+    return query_ids, query_mask, response_ids, response_mask

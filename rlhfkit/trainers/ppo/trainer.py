@@ -31,9 +31,10 @@ from rlhfkit.training import optim as opt
 from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import open_session
 from rlhfkit.training.stream import IndexStream
+from rlhfkit.trainers.ppo.monitor import HackingMonitor
 from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
 from rlhfkit.trainers.ppo.reporting import GoldEvaluator, SampleWriter, rollout_metrics
-from rlhfkit.trainers.ppo.rollout import Rollout, generate, left_pad_prompts
+from rlhfkit.trainers.ppo.rollout import Rollout, generate
 from rlhfkit.trainers.ppo.scoring import shape_scores
 
 MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
@@ -66,15 +67,14 @@ class PPOTrainer:
     def make_rollout(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[Rollout, dict]:
         timings = {}
         t0 = t = time.perf_counter()
-        eos, pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
         # 1. Generate.
-        query_ids, query_mask = left_pad_prompts(prompt_ids, pad_id, self.device)
         self.ac.eval()
-        response_ids, response_mask = generate(self.policy, query_ids, query_mask, self.gen, eos, pad_id)
+        query_ids, query_mask, response_ids, response_mask = generate(self.policy, self.tokenizer, prompt_ids, self.gen, self.device)
         timings["time/generate_s"] = time.perf_counter() - t
         # 2. Score.
         t = time.perf_counter()
-        texts = self.tokenizer.batch_decode(response_ids * response_mask + pad_id * (1 - response_mask), skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         out = self.scorer.score(prompts, texts)
         raw = out.mean.to(self.device).float()
         std = out.std.to(self.device).float() if out.std is not None else None
@@ -252,8 +252,12 @@ def train(cfg, scorer=None) -> dict:
     trainer = PPOTrainer(cfg, actor_critic, ref_model, scorer, tokenizer, session)
     stream = IndexStream(len(examples), cfg.run.seed)
     if cfg.run.resume:
-        trainer.load_state_dict(session.restore(trainer.checkpoint_models()), stream)
+        resumed = session.restore(trainer.checkpoint_models())
+        trainer.load_state_dict(resumed, stream)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
+    monitor = HackingMonitor(session.logger)
+    if cfg.run.resume:
+        monitor.load_state_dict(resumed["monitor"])
 
     # 4. The loop: one PPO step per batch of prompts.
     metrics: dict = {}
@@ -263,6 +267,9 @@ def train(cfg, scorer=None) -> dict:
         rollout = metrics.pop("_rollout", None)
         if gold is not None and (step % cfg.ppo.gold_steps == 0 or step == steps or step == 1):
             metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+        if rollout is not None:
+            texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
         if metrics and (step % cfg.run.logging_steps == 0 or step == steps or "reward/gold" in metrics):
             session.logger.log(step, metrics)
         if rollout is not None and (step % cfg.ppo.sample_steps == 0 or step == steps):
@@ -270,7 +277,7 @@ def train(cfg, scorer=None) -> dict:
         if cfg.ppo.ref_update_steps and step % cfg.ppo.ref_update_steps == 0:
             trainer.refresh_reference()
         if cfg.run.save_steps and step % cfg.run.save_steps == 0:
-            session.save(step, trainer.checkpoint_models(), trainer.state_dict(stream))
+            session.save(step, trainer.checkpoint_models(), {**trainer.state_dict(stream), "monitor": monitor.state_dict()})
         session.logger.advance()
 
     # 5. Final policy in Hugging Face format; the value head stays in checkpoints/.

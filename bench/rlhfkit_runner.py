@@ -1,0 +1,66 @@
+"""Runs `rlhfkit ppo` for bench/ppo_vs_trl.py and records when each PPO step ends.
+
+    python bench/rlhfkit_runner.py RESULT.json -- [rlhfkit ppo flags]
+
+The command runs exactly as on the command line (``rlhfkit.cli.main.main(["ppo", ...])``); the only
+addition is a wrapper around ``PPOTrainer.ppo_step`` that reads the clock and the rollout's response
+mask after each step. Writes RESULT.json with step end times, generated tokens per step, the start-up
+time (process start to the first step) and the peak RSS of this process.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+START = time.perf_counter()
+
+from rlhfkit.cli.main import main as rlhfkit_main  # noqa: E402
+from rlhfkit.trainers.ppo.trainer import PPOTrainer  # noqa: E402
+
+
+def instrument(record: dict) -> None:
+    original = PPOTrainer.ppo_step
+
+    def ppo_step(self, prompts, prompt_ids):
+        if record["first_step_start"] is None:
+            record["first_step_start"] = time.perf_counter()
+        metrics = original(self, prompts, prompt_ids)
+        record["step_ends"].append(time.perf_counter())
+        rollout = metrics.get("_rollout")
+        record["generated_tokens"].append(int(rollout.response_mask.sum()) if rollout is not None else 0)
+        return metrics
+
+    PPOTrainer.ppo_step = ppo_step
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1] != "--":
+        print(__doc__, file=sys.stderr)
+        return 2
+    result_path, flags = Path(argv[0]), argv[2:]
+    record: dict = {"first_step_start": None, "step_ends": [], "generated_tokens": []}
+    instrument(record)
+    code = rlhfkit_main(["ppo", *flags])
+    if code != 0:
+        return code
+    import torch
+
+    begin = record["first_step_start"]
+    result = {
+        "framework": "rlhfkit", "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "startup_s": begin - START, "train_s": record["step_ends"][-1] - begin,
+        "step_ends": [t - begin for t in record["step_ends"]],
+        "generated_tokens": record["generated_tokens"],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    result_path.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

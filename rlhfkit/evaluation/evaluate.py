@@ -1,0 +1,101 @@
+"""`rlhfkit eval`: sample responses from a policy for held-out prompts and measure them.
+
+Reports mean reward-model score, gold score (when a task judge is named), KL to a reference model,
+response length, distinct-1/2 and repetition; writes a JSON file (and the samples beside it).
+
+KL to the reference is the Monte-Carlo estimate over the sampled responses y ~ pi:
+``KL(pi || ref) ≈ mean_y Σ_t [log pi(y_t|·) − log ref(y_t|·)]`` (the same k1 sum PPO logs as ``kl/ref``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from rlhfkit.data.collate import pad
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.schema import load_examples
+from rlhfkit.data.templates import render_prompt
+from rlhfkit.errors import UserError
+from rlhfkit.evaluation.text_stats import text_stats
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.sampling import decode, sample_responses
+from rlhfkit.training.batches import chunks
+from rlhfkit.trainers.ppo.policy import reference_logprobs
+
+
+@torch.no_grad()
+def sequence_kl(policy, reference, prompt_ids, responses, pad_id: int, temperature: float, device, batch_size: int = 32) -> list[float]:
+    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL)."""
+    out = []
+    for idx in chunks(list(range(len(responses))), batch_size):
+        q = pad([prompt_ids[i] for i in idx], pad_id, side="left").to(device)
+        qm = pad([[1] * len(prompt_ids[i]) for i in idx], 0, side="left").to(device)
+        r = pad([responses[i] for i in idx], pad_id).to(device)
+        rm = pad([[1] * len(responses[i]) for i in idx], 0).to(device)
+        ids, mask, T = torch.cat([q, r], 1), torch.cat([qm, rm], 1), r.shape[1]
+        lp = reference_logprobs(policy, ids, mask, T, temperature)
+        lr = reference_logprobs(reference, ids, mask, T, temperature)
+        out += ((lp - lr) * rm).sum(dim=1).tolist()
+    return out
+
+
+def evaluate_policy(policy_dir: str, prompts: list, generation, *, reward_model: str = "", reference: str = "",
+                    judge=None, seed: int = 0, batch_size: int = 32, max_prompt_length: int = 128,
+                    device: str | torch.device = "cpu", trust_remote_code: bool = False) -> tuple[dict, list[dict]]:
+    """Sample one response per prompt and measure them; returns (metrics, sample rows)."""
+    tokenizer = load_tokenizer(policy_dir, trust_remote_code)
+    policy = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
+    prompt_ids = [encode_prompt(tokenizer, p, max_prompt_length) for p in prompts]
+    torch.manual_seed(seed)
+    responses = sample_responses(policy, tokenizer, prompt_ids, generation, batch_size, device)
+    texts = [decode(tokenizer, r) for r in responses]
+    rows = [{"prompt": p, "response": t} for p, t in zip(prompts, texts)]
+    metrics: dict[str, float] = {"n": float(len(texts))}
+    metrics.update({f"response/{k}": v for k, v in text_stats(texts).items()})
+    metrics["response/tokens"] = sum(map(len, responses)) / len(responses)
+    if reward_model:
+        from rlhfkit.models.reward import RewardScorer
+
+        scorer = RewardScorer.load(reward_model, device, trust_remote_code)
+        scores = scorer.score(prompts, texts).mean.tolist()
+        metrics["reward/score"] = sum(scores) / len(scores)
+        for row, s in zip(rows, scores):
+            row["score"] = s
+    if judge is not None:
+        gold = [judge(render_prompt(tokenizer, p), t) for p, t in zip(prompts, texts)]
+        metrics["reward/gold"] = sum(gold) / len(gold)
+        for row, g in zip(rows, gold):
+            row["gold"] = g
+    if reference:
+        ref = load_causal_lm(reference, trust_remote_code, tokenizer).to(device).eval()
+        kls = sequence_kl(policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size)
+        metrics["kl/ref"] = sum(kls) / len(kls)
+    return metrics, rows
+
+
+def run(cfg) -> dict:
+    examples = load_examples(cfg.io.data, "prompt", "rlhfkit eval")[: cfg.eval.num_prompts or None]
+    judge = None
+    if cfg.eval.gold_judge:
+        from rlhfkit.tasks import get_judge
+
+        try:
+            judge = get_judge(cfg.eval.gold_judge)
+        except ValueError as exc:
+            raise UserError(f"--gold-judge: {exc}") from None
+    device = "cpu" if cfg.io.cpu or not torch.cuda.is_available() else "cuda"
+    metrics, rows = evaluate_policy(cfg.model.model, [ex.prompt for ex in examples], cfg.generation,
+                                    reward_model=cfg.eval.reward_model, reference=cfg.eval.reference_model, judge=judge,
+                                    seed=cfg.io.seed, batch_size=cfg.io.batch_size,
+                                    max_prompt_length=cfg.io.max_prompt_length, device=device,
+                                    trust_remote_code=cfg.model.trust_remote_code)
+    out = Path(cfg.io.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(metrics, indent=2) + "\n")
+    with out.with_suffix(".samples.jsonl").open("w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in rows)
+    print(json.dumps(metrics, indent=2))
+    return metrics

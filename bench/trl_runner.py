@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("spec", help="JSON spec written by bench/ppo_vs_trl.py")
     spec = json.loads(Path(parser.parse_args().spec).read_text())
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     out = Path(spec["output_dir"])
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(spec["seed"])

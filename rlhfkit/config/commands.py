@@ -185,7 +185,7 @@ class DPOArgs:
     label_smoothing: float = 0.0
     """Conservative DPO: assumed probability that a preference label is flipped (sigmoid loss only)."""
     precompute_ref: bool = False
-    """Compute reference log-probs once before training instead of every step."""
+    """Compute the reference log-probs of every training pair once before training, saving one reference forward pass per step."""
 
 
 @dataclass
@@ -203,6 +203,8 @@ class DPOConfig:
         _positive(beta=self.dpo.beta)
         if not 0 <= self.dpo.label_smoothing < 0.5:
             raise UserError(f"--label-smoothing must be in [0, 0.5), got {self.dpo.label_smoothing}")
+        if self.dpo.loss_type == "ipo" and self.dpo.label_smoothing != 0:
+            raise UserError("--label-smoothing applies to --loss-type sigmoid only, not ipo")
 
 
 @dataclass

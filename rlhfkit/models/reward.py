@@ -44,8 +44,9 @@ def _unwrap(model):
 def is_encoder(model) -> bool:
     """True when the classifier pools a first ([CLS]) token itself (BERT-like encoders).
 
-    Decoder classifiers in transformers all carry a per-position linear head named ``score`` and pool
-    the last token; that head is what tells the two kinds apart.
+    Decoder classifiers in transformers carry a per-position linear head named ``score`` and pool the
+    last token; that head is what tells the two kinds apart. A model with neither (remote code) is
+    treated like an encoder: its own pooled output is the score.
     """
     return not isinstance(getattr(_unwrap(model), "score", None), torch.nn.Linear)
 

@@ -166,7 +166,8 @@ def train(cfg) -> dict:
     model.train()
 
     # 4. Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored
-    #    at every evaluation), training pairs with --precompute-ref. A resumed run recomputes them.
+    #    at every evaluation), training pairs with --precompute-ref. A resumed run recomputes them; with
+    #    several processes each computes every row (the reference pass is a fraction of one epoch's work).
     if eval_pairs:
         reference.precompute("eval", eval_pairs, pad_id, cfg.optim.batch_size, session.device, acc.autocast)
     if cfg.dpo.precompute_ref:

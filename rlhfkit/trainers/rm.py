@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 
 from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
@@ -108,10 +109,10 @@ def train(cfg) -> dict:
     out = Path(cfg.run.output_dir)
     if out.is_dir():
         (out / ENSEMBLE_FILE).unlink(missing_ok=True)  # written last: its presence means a finished ensemble
+
+    # 2. One reward model, or K members trained one after another and then their joint statistics.
     if cfg.reward.ensemble == 1:
         return train_one(cfg, train_examples, eval_examples)
-
-    # 2. Ensemble: K independent members, then their joint statistics.
     members = []
     for i in range(cfg.reward.ensemble):
         member_cfg = _member_config(cfg, i)
@@ -119,8 +120,6 @@ def train(cfg) -> dict:
         if cfg.run.resume and (members[-1] / STATS_FILE).is_file():
             continue  # this member finished before the interruption
         train_one(member_cfg, train_examples, eval_examples)
-    from accelerate import PartialState
-
     return write_ensemble(cfg, members, train_examples, eval_examples) if PartialState().is_main_process else {}
 
 
@@ -140,7 +139,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     if out.is_dir():
         (out / STATS_FILE).unlink(missing_ok=True)  # written last: its presence means a finished model
 
-    # 2. Model (the new head's initialisation depends on the seed), tokenizer, encoded pairs.
+    # 1. Model (the new head's initialisation depends on the seed), tokenizer, encoded pairs.
     seed_everything(cfg.run.seed)
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     model = build_reward_model(cfg.model.model, tokenizer, cfg.model.trust_remote_code)
@@ -148,7 +147,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     train_pairs = encode_all(tokenizer, train_examples, cfg.data)
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 
-    # 3. Session: accelerator, optimizer, schedule, resume.
+    # 2. Session: accelerator, optimizer, schedule, resume.
     rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
     steps = opt.total_steps(cfg.optim, len(train_examples), rows_per_step)
     session = open_session(cfg, cfg.run, steps, desc="rm")
@@ -166,7 +165,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     center_coef = cfg.reward.center_coef
     model.train()
 
-    # 4. The loop.
+    # 3. The loop.
     metrics: dict[str, float] = {}
     for step in range(session.start_step + 1, steps + 1):
         micro = [collate(train_pairs, idx, pad_id) for idx in step_indices(stream, cfg.optim, acc)]
@@ -200,7 +199,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
                                                   "scheduler": scheduler.state_dict(), "stream": stream.state_dict()})
         session.logger.advance()
 
-    # 5. Final model in Hugging Face format, then the score statistics PPO normalises with (written
+    # 4. Final model in Hugging Face format, then the score statistics PPO normalises with (written
     #    last: their presence marks a finished model).
     acc.wait_for_everyone()
     if session.is_main:

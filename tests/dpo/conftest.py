@@ -42,8 +42,8 @@ def task(tmp_path_factory) -> Task:
     sft_path = write_rows(root / "sft.jsonl", sft_rows)
     base = root / "base"
     cfg, _ = parse_config("rlhfkit sft", SFTConfig, ["--model", str(init), "--data", sft_path, "--output-dir", str(base),
-                                                     "--max-steps", "150", "--learning-rate", "5e-3", "--batch-size", "16",
-                                                     "--progress", "false", "--logging-steps", "150"])
+                                                     "--max-steps", "300", "--learning-rate", "5e-3", "--batch-size", "16",
+                                                     "--progress", "false", "--logging-steps", "300"])
     sft.train(cfg)
 
     return Task(root, str(base), write_rows(root / "prefs_train.jsonl", preference_rows(TRAIN_ITEMS)),

@@ -53,8 +53,9 @@ def read_metrics(output_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def yes_rate(model_dir: str, items: list[str], samples: int = 8, seed: int = 0) -> float:
-    """Fraction of sampled replies (temperature 1) to the prompts about ``items`` that say yes."""
+def reply_rates(model_dir: str, items: list[str], samples: int = 8, seed: int = 0) -> tuple[float, float]:
+    """Fractions of sampled replies (temperature 1) to the prompts about ``items`` that start with
+    "yes" and with "no"."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")  # generation continues on the right
@@ -65,4 +66,5 @@ def yes_rate(model_dir: str, items: list[str], samples: int = 8, seed: int = 0) 
         out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=3,
                              num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id)
     replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return sum(r.strip().startswith("yes") for r in replies) / len(replies)
+    replies = [r.strip() for r in replies]
+    return sum(r.startswith("yes") for r in replies) / len(replies), sum(r.startswith("no") for r in replies) / len(replies)

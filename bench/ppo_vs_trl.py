@@ -1,0 +1,434 @@
+"""rlhfkit PPO vs Hugging Face TRL 1.12 PPO on this machine: step time, tokens/s, peak RSS, learning.
+
+    python bench/ppo_vs_trl.py [--sizes tiny,small] [--steps 20] [--repeats 3] [--out bench/results/ppo_vs_trl.json]
+
+What it does, per model size:
+  1. models (cached in --work-dir): `rlhfkit init-model` on the support task's corpus -> short `rlhfkit sft`
+     -> `rlhfkit rm` (a plain-transformers reward model if that fails). Both PPOs start from this SFT policy
+     and use this reward model, and also this reward model as the initial separate value model (TRL's way).
+  2. per repeat, each in its own subprocess: `rlhfkit ppo` (bench/rlhfkit_runner.py, this venv), `rlhfkit ppo
+     --lora-r 8` (one backbone: value head + adapters-off reference), TRL's PPOTrainer (bench/trl_runner.py in
+     bench/.venv-trl), and a few `rlhfkit sft` steps of the same model = one model's training footprint.
+  3. learning: fresh samples for the held-out eval prompts from the SFT policy and from each final policy,
+     with one decoding (this file's `sample_responses`), scored by the task's hidden gold judge and the RM.
+
+Measures: seconds per PPO step = median over steps 2..N of the wall time between consecutive step ends (the
+start-up and the first, warm-up step are excluded); tokens/s = response tokens generated in the step (up to
+and including EOS) / that step's time, median; peak RSS = ru_maxrss of the subprocess (os.wait4).
+Both frameworks run with identical settings (see SETTINGS): batch 16, 32 new tokens, 4 PPO epochs, 1
+minibatch, fp32, no gradient clipping, no reward normalisation (TRL has none), k1 KL in the reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PYTHON = sys.executable
+TRL_VENV = BENCH / ".venv-trl"
+TRL_PYTHON = TRL_VENV / "bin" / "python"
+
+# The shared PPO settings (TRL name in trl_runner.py; rlhfkit flag below).
+SETTINGS = dict(batch_size=16, max_new_tokens=32, ppo_epochs=4, num_minibatches=1, temperature=1.0, kl_coef=0.05,
+                vf_coef=0.1, clip_eps=0.2, value_clip=0.2, gamma=1.0, lam=0.95)
+
+# Model preparation per size: SFT and RM steps and learning rates (short: the benchmark is about PPO).
+PREP = {
+    "tiny": dict(sft_steps=600, sft_lr=3e-3, rm_steps=300, rm_lr=1e-3),
+    "small": dict(sft_steps=600, sft_lr=1e-3, rm_steps=300, rm_lr=3e-4),
+}
+DEFAULT_LR = {"tiny": 3e-4, "small": 1e-4}  # PPO learning rate, both frameworks
+DEFAULT_LORA_LR = {"tiny": 1e-3, "small": 3e-4}  # the LoRA row (adapters need a larger step)
+EVAL_SEED = 1234
+
+
+@dataclass
+class Measured:
+    returncode: int
+    wall_s: float
+    peak_rss_mb: float
+    log: Path
+
+
+def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> Measured:
+    """Run ``cmd`` with output to ``log``; its peak RSS comes from ``os.wait4`` (this child only)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("w") as handle:
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Measured(proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024, log)
+
+
+def check(m: Measured, what: str) -> None:
+    if m.returncode != 0:
+        tail = "\n".join(m.log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"bench: {what} failed (exit {m.returncode}); log {m.log}:\n{tail}")
+
+
+def rlhfkit_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "rlhfkit.cli.main", *args]
+
+
+def load_average() -> list[float]:
+    return list(os.getloadavg())
+
+
+# ---- 1. models ------------------------------------------------------------------------------------
+def task_data(work: Path) -> dict[str, Path]:
+    from rlhfkit.tasks.support import write_task_data
+
+    data = work / "data"
+    if not (data / "corpus.txt").exists():
+        write_task_data(data, seed=0)
+    names = ["sft", "prefs_train", "prefs_eval", "prompts_train", "prompts_eval", "corpus"]
+    return {n: data / (f"{n}.jsonl" if n != "corpus" else "corpus.txt") for n in names}
+
+
+def reward_model_fallback(sft_dir: Path, out: Path) -> None:
+    """A reward model made with plain transformers: the SFT backbone with a fresh one-output head."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
+    prep = PREP[size]
+    base = work / size
+    init, sft, rm = base / "init", base / "sft", base / "rm"
+    info = {"init": str(init), "sft": str(sft), "rm": str(rm), **prep}
+    if not (init / "config.json").exists():
+        log(f"[{size}] init-model")
+        check(run_measured(rlhfkit_cmd("init-model", "--corpus", str(data["corpus"]), "--output-dir", str(init),
+                                       "--size", size), base / "logs" / "init.log"), "init-model")
+    if not (sft / "config.json").exists():
+        log(f"[{size}] sft: {prep['sft_steps']} steps")
+        check(run_measured(rlhfkit_cmd("sft", "--model", str(init), "--data", str(data["sft"]), "--output-dir", str(sft),
+                                       "--max-steps", str(prep["sft_steps"]), "--learning-rate", str(prep["sft_lr"]),
+                                       "--batch-size", "16", "--progress", "false"), base / "logs" / "sft.log"), "sft")
+    marker = rm / "bench_rm.json"
+    if not marker.exists():
+        log(f"[{size}] rm: {prep['rm_steps']} steps")
+        m = run_measured(rlhfkit_cmd("rm", "--model", str(sft), "--data", str(data["prefs_train"]),
+                                     "--eval-data", str(data["prefs_eval"]), "--output-dir", str(rm),
+                                     "--max-steps", str(prep["rm_steps"]), "--learning-rate", str(prep["rm_lr"]),
+                                     "--batch-size", "16", "--progress", "false"), base / "logs" / "rm.log")
+        if m.returncode == 0:
+            rows = [json.loads(x) for x in (rm / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            evals = [r for r in rows if r.get("eval/accuracy") is not None]
+            made = {"made_by": "rlhfkit rm", "eval_accuracy": evals[-1]["eval/accuracy"] if evals else None}
+        else:
+            log(f"[{size}] rlhfkit rm failed (see {m.log}); using a plain-transformers reward model (untrained head)")
+            shutil.rmtree(rm, ignore_errors=True)
+            reward_model_fallback(sft, rm)
+            made = {"made_by": "plain transformers fallback (untrained score head)", "eval_accuracy": None}
+        marker.write_text(json.dumps(made))
+    info.update(json.loads(marker.read_text()))
+    from transformers import AutoConfig
+
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+
+    info["params"] = sum(p.numel() for p in load_causal_lm(str(sft), False, load_tokenizer(str(sft))).parameters())
+    info["config"] = {k: v for k, v in AutoConfig.from_pretrained(sft).to_dict().items()
+                      if k in ("model_type", "n_layer", "n_embd", "n_head", "n_inner", "vocab_size")}
+    return info
+
+
+# ---- 2. runs --------------------------------------------------------------------------------------
+def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int) -> list[str]:
+    s = SETTINGS
+    flags = ["--model", models["sft"], "--reward-model", models["rm"], "--data", str(data["prompts_train"]),
+             "--output-dir", str(out), "--max-steps", str(steps), "--seed", str(seed), "--learning-rate", str(lr),
+             "--batch-size", str(s["batch_size"]), "--max-new-tokens", str(s["max_new_tokens"]),
+             "--ppo-epochs", str(s["ppo_epochs"]), "--num-minibatches", str(s["num_minibatches"]),
+             "--temperature", str(s["temperature"]), "--kl-coef", str(s["kl_coef"]), "--kl-estimator", "k1",
+             "--vf-coef", str(s["vf_coef"]), "--clip-eps", str(s["clip_eps"]), "--value-clip", str(s["value_clip"]),
+             "--gamma", str(s["gamma"]), "--lam", str(s["lam"]), "--entropy-coef", "0",
+             "--normalize-reward", "false", "--reward-clip", "none", "--missing-eos-penalty", "none",
+             "--max-grad-norm", "0", "--weight-decay", "0", "--warmup-steps", "0", "--lr-scheduler", "linear",
+             "--mixed-precision", "no", "--progress", "false"]
+    if lora_r:
+        flags += ["--lora-r", str(lora_r)]  # one backbone: value head on the policy, reference = adapters off
+    else:
+        flags += ["--value-model", models["rm"]]  # a separate value model initialised from the RM, as TRL
+    return flags
+
+
+def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    result_file = out.parent / f"{out.name}.result.json"
+    m = run_measured([PYTHON, str(BENCH / "rlhfkit_runner.py"), str(result_file), "--",
+                      *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r)], out.parent / f"{out.name}.log")
+    check(m, f"rlhfkit ppo ({out})")
+    result = json.loads(result_file.read_text())
+    result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s, policy=str(out))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    result["internal"] = {k: statistics.median(r[k] for r in rows[1:] if k in r)
+                          for k in ("time/step_s", "time/generate_s", "time/score_s", "time/forward_s", "time/update_s")
+                          if len(rows) > 1}
+    result["reward_score_per_step"] = [r.get("reward/score") for r in rows]
+    return result
+
+
+def prompt_ids(model_dir: str, path: Path) -> list[list[int]]:
+    """Prompts encoded exactly as `rlhfkit ppo` encodes them (so TRL gets the same token ids)."""
+    from rlhfkit.data.encode import encode_prompt
+    from rlhfkit.data.schema import load_examples
+    from rlhfkit.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    return [encode_prompt(tokenizer, ex.prompt, 128) for ex in load_examples(str(path), "prompt", "bench")]
+
+
+def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=False) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    spec = {"policy": models["sft"], "reward_model": models["rm"], "value_model": models["rm"],
+            "train_ids": prompt_ids(models["sft"], data["prompts_train"]),
+            "eval_ids": prompt_ids(models["sft"], data["prompts_eval"])[: SETTINGS["batch_size"]],
+            "settings": {**SETTINGS, "learning_rate": lr}, "steps": steps, "seed": seed, "output_dir": str(out),
+            "gradient_checkpointing": gradient_checkpointing}
+    (out / "spec.json").write_text(json.dumps(spec))
+    m = run_measured([str(TRL_PYTHON), str(BENCH / "trl_runner.py"), str(out / "spec.json")], out.parent / f"{out.name}.log")
+    check(m, f"TRL ppo ({out})")
+    result = json.loads((out / "bench_result.json").read_text())
+    result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s)
+    result["reward_score_per_step"] = [r.get("objective/scores") for r in result.pop("log") if "objective/scores" in r]
+    return result
+
+
+def run_sft_footprint(models, data, out: Path) -> dict:
+    """A few plain `rlhfkit sft` steps of the same model at the same batch size: one model's training footprint."""
+    shutil.rmtree(out, ignore_errors=True)
+    m = run_measured(rlhfkit_cmd("sft", "--model", models["sft"], "--data", str(data["sft"]), "--output-dir", str(out),
+                                 "--max-steps", "5", "--batch-size", str(SETTINGS["batch_size"]),
+                                 "--learning-rate", "1e-5", "--mixed-precision", "no", "--progress", "false"),
+                     out.parent / f"{out.name}.log")
+    check(m, f"rlhfkit sft ({out})")
+    return {"peak_rss_mb": m.peak_rss_mb, "process_wall_s": m.wall_s}
+
+
+def import_rss() -> dict:
+    """Peak RSS of importing each framework's PPO stack, no model: the part of peak RSS that is libraries."""
+    out = {}
+    for name, python, code in [("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.ppo.trainer"),
+                               ("trl", str(TRL_PYTHON), "from trl.experimental.ppo import PPOTrainer")]:
+        env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+        m = run_measured([python, "-c", code], BENCH / "results" / "logs" / f"import_{name}.log", env=env)
+        out[name] = m.peak_rss_mb if m.returncode == 0 else None
+    return out
+
+
+def step_stats(result: dict) -> dict:
+    """Median step time and tokens/s over steps 2..N (the first, warm-up step is excluded)."""
+    ends = result["step_ends"]
+    dts = [b - a for a, b in zip(ends, ends[1:])]
+    toks = result["generated_tokens"][1: len(ends)]
+    return {"step_s": statistics.median(dts), "tokens_per_s": statistics.median(t / d for t, d in zip(toks, dts)),
+            "step_s_all": dts, "first_step_s": ends[0], "tokens_per_step": statistics.mean(toks)}
+
+
+# ---- 3. learning ----------------------------------------------------------------------------------
+@torch.no_grad()
+def sample_responses(model_dir: str, prompts: list[str], samples: int, seed: int = EVAL_SEED) -> list[str]:
+    """The one decoding used for every policy: left-padded prompts (rlhfkit's encoding), temperature-1
+    sampling of up to 32 tokens with a fixed seed, cut at the first EOS."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.data.encode import encode_prompt
+    from rlhfkit.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows = [encode_prompt(tokenizer, p, 128) for p in prompts for _ in range(samples)]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    gen = torch.Generator().manual_seed(seed)
+    texts: list[str] = []
+    for start in range(0, len(rows), 64):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        out = model.generate(input_ids=ids[start:start + 64], attention_mask=mask[start:start + 64], do_sample=True,
+                             temperature=SETTINGS["temperature"], top_k=None, top_p=1.0,
+                             max_new_tokens=SETTINGS["max_new_tokens"], eos_token_id=eos, pad_token_id=pad)
+        for row in out[:, width:].tolist():
+            row = row[: row.index(eos)] if eos in row else row
+            texts.append(tokenizer.decode(row, skip_special_tokens=True))
+    return texts
+
+
+def evaluate(model_dir: str, rm_dir: str, prompts: list[str], samples: int) -> dict:
+    from rlhfkit.models.reward import RewardScorer
+    from rlhfkit.tasks.support import gold_score
+
+    texts = sample_responses(model_dir, prompts, samples)
+    repeated = [p for p in prompts for _ in range(samples)]
+    gold = [gold_score(p, t) for p, t in zip(repeated, texts)]
+    scorer = RewardScorer.load(rm_dir, torch.device("cpu"))
+    rm = scorer.score(repeated, texts).mean.float()
+    return {"gold": statistics.mean(gold), "rm_score": float(rm.mean()),
+            "length_words": statistics.mean(len(t.split()) for t in texts), "example": texts[0]}
+
+
+# ---- report --------------------------------------------------------------------------------------
+def mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(values: list[float], digits: int = 2) -> str:
+    m, s = mean_std(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def summarise(size_result: dict) -> dict:
+    summary = {}
+    for name, runs in size_result["runs"].items():
+        summary[name] = {
+            "step_s": mean_std([r["step_s"] for r in runs]), "tokens_per_s": mean_std([r["tokens_per_s"] for r in runs]),
+            "peak_rss_mb": mean_std([r["peak_rss_mb"] for r in runs]),
+            "gold_gain": mean_std([r["eval"]["gold"] - size_result["before"]["gold"] for r in runs if "eval" in r]),
+            "rm_gain": mean_std([r["eval"]["rm_score"] - size_result["before"]["rm_score"] for r in runs if "eval" in r]),
+        }
+    return summary
+
+
+def print_table(results: dict) -> None:
+    header = f"{'size':<6} {'run':<22} {'s/step':>15} {'tokens/s':>15} {'peak RSS MB':>15} {'gold gain':>15} {'RM gain':>15}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for size, res in results["sizes"].items():
+        for name, runs in res["runs"].items():
+            before = res["before"]
+            gold = [r["eval"]["gold"] - before["gold"] for r in runs if "eval" in r]
+            rmg = [r["eval"]["rm_score"] - before["rm_score"] for r in runs if "eval" in r]
+            print(f"{size:<6} {name:<22} {fmt([r['step_s'] for r in runs]):>15} {fmt([r['tokens_per_s'] for r in runs], 0):>15} "
+                  f"{fmt([r['peak_rss_mb'] for r in runs], 0):>15} {fmt(gold):>15} {fmt(rmg):>15}")
+        sft = res["sft_footprint"]
+        print(f"{size:<6} {'sft (one model, ref.)':<22} {'':>15} {'':>15} {fmt([r['peak_rss_mb'] for r in sft], 0):>15}")
+        s = res["summary"]
+        notes = [f"params {res['models']['params'] / 1e6:.2f}M", f"gold before {res['before']['gold']:.2f}"]
+        if "trl" in s and "rlhfkit" in s:
+            notes.append(f"speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit']['step_s'][0]:.2f}x")
+            notes.append(f"RSS rlhfkit/TRL {s['rlhfkit']['peak_rss_mb'][0] / s['trl']['peak_rss_mb'][0]:.2f}")
+        if "rlhfkit-lora" in s:
+            sft_rss = mean_std([r["peak_rss_mb"] for r in sft])[0]
+            notes.append(f"LoRA RSS / SFT RSS {s['rlhfkit-lora']['peak_rss_mb'][0] / sft_rss:.2f}")
+            if "trl" in s:
+                notes.append(f"LoRA speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit-lora']['step_s'][0]:.2f}x")
+        print(f"{'':<6} " + "; ".join(notes))
+    imp = results.get("import_rss_mb", {})
+    print(f"\n± = standard deviation over {results['args']['repeats']} repeat(s); s/step = median over steps 2..N; "
+          f"import-only RSS: rlhfkit {imp.get('rlhfkit', float('nan')):.0f} MB, TRL {imp.get('trl', float('nan')):.0f} MB; "
+          f"load average before/after: {results['load_before']} / {results['load_after']}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="tiny,small", help="comma-separated: tiny, small")
+    ap.add_argument("--steps", type=int, default=20, help="PPO steps per run (the first is excluded from timings)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each framework per size (mean ± std reported)")
+    ap.add_argument("--out", default=str(BENCH / "results" / "ppo_vs_trl.json"), help="JSON file with every number")
+    ap.add_argument("--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs (models are reused)")
+    ap.add_argument("--learning-rate", type=float, default=None, help="PPO learning rate for both (default per size)")
+    ap.add_argument("--lora-r", type=int, default=8, help="rank of the rlhfkit LoRA row; 0 skips it")
+    ap.add_argument("--lora-learning-rate", type=float, default=None, help="LoRA row's learning rate (default per size)")
+    ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out prompt for the gold/RM gain")
+    ap.add_argument("--seed", type=int, default=0, help="repeat k uses seed + k")
+    ap.add_argument("--trl-gradient-checkpointing", action="store_true",
+                    help="keep TRL's default gradient checkpointing (off by default: rlhfkit does not checkpoint)")
+    ap.add_argument("--skip-trl", action="store_true", help="rlhfkit rows only (no TRL environment needed)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)")
+    args = ap.parse_args(argv)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    for size in sizes:
+        if size not in PREP:
+            ap.error(f"unknown size {size!r}; known: {', '.join(PREP)}")
+    if args.steps < 3:
+        ap.error("--steps must be at least 3 (the first step is excluded, and a median needs steps)")
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    if args.threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(args.threads)  # inherited by every subprocess
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if not args.skip_trl:
+        subprocess.run(["bash", str(BENCH / "setup_trl_env.sh")], check=True)
+    work = Path(args.work_dir).resolve()
+    data = task_data(work)
+    from rlhfkit.data.schema import load_examples
+
+    eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
+    results: dict = {"args": vars(args), "settings": SETTINGS, "load_before": [round(x, 2) for x in load_average()],
+                     "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                                 "python": platform.python_version()}, "sizes": {}}
+    results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
+    loads = []
+    for size in sizes:
+        models = build_models(size, work, data, log)
+        lr = args.learning_rate or DEFAULT_LR[size]
+        lora_lr = args.lora_learning_rate or DEFAULT_LORA_LR[size]
+        log(f"[{size}] {models['params'] / 1e6:.2f}M params; reward model: {models['made_by']} "
+            f"(eval accuracy {models['eval_accuracy']}); PPO lr {lr:g}")
+        before = evaluate(models["sft"], models["rm"], eval_prompts, args.eval_samples)
+        res = {"models": models, "learning_rate": lr, "lora_learning_rate": lora_lr, "before": before,
+               "runs": {"rlhfkit": [], **({"rlhfkit-lora": []} if args.lora_r else {}), **({} if args.skip_trl else {"trl": []})},
+               "sft_footprint": []}
+        runs_dir = work / size / "runs"
+        for k in range(args.repeats):
+            seed = args.seed + k
+            jobs = [("rlhfkit", lambda o: run_rlhfkit(models, data, o, args.steps, lr, seed))]
+            if args.lora_r:
+                jobs.append(("rlhfkit-lora", lambda o: run_rlhfkit(models, data, o, args.steps, lora_lr, seed, args.lora_r)))
+            if not args.skip_trl:
+                jobs.append(("trl", lambda o: run_trl(models, data, o, args.steps, lr, seed, args.trl_gradient_checkpointing)))
+            for name, job in jobs:
+                loads.append(load_average()[0])
+                r = job(runs_dir / f"{name}-r{k}")
+                r.update(step_stats(r))
+                r["eval"] = evaluate(r["policy"], models["rm"], eval_prompts, args.eval_samples)
+                res["runs"][name].append(r)
+                log(f"[{size}] repeat {k + 1}/{args.repeats} {name}: {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tok/s, "
+                    f"peak RSS {r['peak_rss_mb']:.0f} MB, gold {before['gold']:.2f} -> {r['eval']['gold']:.2f}")
+            res["sft_footprint"].append(run_sft_footprint(models, data, runs_dir / f"sft-footprint-r{k}"))
+        res["summary"] = summarise(res)
+        results["sizes"][size] = res
+    results["load_after"] = [round(x, 2) for x in load_average()]
+    results["load_1min_at_run_starts"] = loads
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print_table(results)
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

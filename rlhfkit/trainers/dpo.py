@@ -70,11 +70,16 @@ class Reference:
     """
 
     def __init__(self, model: torch.nn.Module):
-        self.model = model
+        self.model: torch.nn.Module | None = model
         self.tables: dict[str, torch.Tensor] = {}
+
+    def release(self) -> None:
+        """Drop the model once every split it will be asked about is precomputed (frees the frozen copy)."""
+        self.model = None
 
     @torch.no_grad()
     def forward(self, seqs: SequenceBatch) -> torch.Tensor:
+        assert self.model is not None, "the reference model was released after precomputing"
         with adapters_off(self.model):
             return sequence_logprobs(self.model, seqs)
 
@@ -156,6 +161,7 @@ def train(cfg) -> dict:
     scheduler = opt.build_scheduler(optimizer, cfg.optim, steps)
     model, optimizer = acc.prepare(model, optimizer)
     reference = Reference(acc.unwrap_model(model) if lora else frozen.to(session.device))
+    del frozen  # `reference` holds the only handle, so releasing it frees the copy
     stream = IndexStream(len(train_pairs), cfg.run.seed)
     if cfg.run.resume:
         state = session.restore({"model": model})
@@ -174,6 +180,7 @@ def train(cfg) -> dict:
         start = time.perf_counter()
         reference.precompute("train", train_pairs, pad_id, cfg.optim.batch_size, session.device, acc.autocast)
         session.logger.write(f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in {time.perf_counter() - start:.1f}s")
+        reference.release()  # with full fine-tuning this frees the reference copy
 
     # 5. The loop.
     step_pairs = rows_per_step * acc.num_processes

@@ -163,6 +163,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
         stream.load_state_dict(state["stream"])
     pad_id = tokenizer.pad_token_id
     center_coef = cfg.reward.center_coef
+    score_rows = 2 * cfg.optim.batch_size  # a training micro-batch holds 2B rows with activations; scoring keeps none
     model.train()
 
     # 3. The loop.
@@ -191,7 +192,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
         metrics = {**stats, "reward/margin": stats["reward/chosen"] - stats["reward/rejected"],
                    "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
         if eval_pairs and ((cfg.run.eval_steps and step % cfg.run.eval_steps == 0) or step == steps):
-            metrics.update(evaluate(model, eval_pairs, pad_id, cfg.optim.batch_size, session.device))
+            metrics.update(evaluate(model, eval_pairs, pad_id, score_rows, session.device))
         if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
             session.logger.log(step, metrics)
         if cfg.run.save_steps and step % cfg.run.save_steps == 0:
@@ -205,8 +206,8 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     if session.is_main:
         model = acc.unwrap_model(model)
         save_pretrained(model, tokenizer, session.output_dir)
-        scores = torch.cat([score_encoded(model, train_pairs.chosen, pad_id, cfg.optim.batch_size, session.device),
-                            score_encoded(model, train_pairs.rejected, pad_id, cfg.optim.batch_size, session.device)])
+        scores = torch.cat([score_encoded(model, train_pairs.chosen, pad_id, score_rows, session.device),
+                            score_encoded(model, train_pairs.rejected, pad_id, score_rows, session.device)])
         stats = {**score_stats(scores), "max_length": cfg.data.max_length, "max_prompt_length": cfg.data.max_prompt_length}
         _write_json(session.output_dir / STATS_FILE, stats)
     session.close()
@@ -224,15 +225,16 @@ def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExam
     _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code)
+    rows = 2 * cfg.optim.batch_size
     prompts = [ex.prompt for ex in train_examples]
-    scores = torch.cat([scorer.member_scores(prompts, [ex.chosen for ex in train_examples], cfg.optim.batch_size),
-                        scorer.member_scores(prompts, [ex.rejected for ex in train_examples], cfg.optim.batch_size)], dim=1)
+    scores = torch.cat([scorer.member_scores(prompts, [ex.chosen for ex in train_examples], rows),
+                        scorer.member_scores(prompts, [ex.rejected for ex in train_examples], rows)], dim=1)
     info["stats"] = score_stats(scores.mean(dim=0).cpu())
     metrics: dict[str, float] = {}
     if eval_examples:
         prompts = [ex.prompt for ex in eval_examples]
-        chosen = scorer.member_scores(prompts, [ex.chosen for ex in eval_examples], cfg.optim.batch_size).cpu()
-        rejected = scorer.member_scores(prompts, [ex.rejected for ex in eval_examples], cfg.optim.batch_size).cpu()
+        chosen = scorer.member_scores(prompts, [ex.chosen for ex in eval_examples], rows).cpu()
+        rejected = scorer.member_scores(prompts, [ex.rejected for ex in eval_examples], rows).cpu()
         k = cfg.reward.conservative_k
         info["eval"] = {
             "accuracy": float(preference_accuracy(chosen.mean(0), rejected.mean(0))),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -67,9 +68,9 @@ class MetricsLogger:
             self.bar.update(n)
 
     def write(self, message: str) -> None:
-        """Print a line without breaking the progress bar."""
+        """Print a line to stderr without breaking the progress bar."""
         if self.enabled:
-            tqdm.write(message)
+            tqdm.write(message, file=sys.stderr)
 
     def close(self) -> None:
         if self.enabled:

@@ -29,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,8 @@ PREP = {
 }
 DEFAULT_LR = {"tiny": 3e-4, "small": 1e-4}  # PPO learning rate, both frameworks
 DEFAULT_LORA_LR = {"tiny": 1e-3, "small": 3e-4}  # the LoRA row (adapters need a larger step)
+SPEED_TARGET = {"tiny": 3.0, "small": 1.5}  # issue 7: rlhfkit s/step at least this many times faster than TRL
+LORA_RSS_TARGET = 1.3  # LoRA PPO peak RSS <= this x one model's SFT footprint
 EVAL_SEED = 1234
 
 
@@ -85,7 +88,24 @@ def rlhfkit_cmd(*args: str) -> list[str]:
 
 
 def load_average() -> list[float]:
-    return list(os.getloadavg())
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class LoadSampler(threading.Thread):
+    """Samples the 1-minute load average every ``every`` seconds while the benchmark runs."""
+
+    def __init__(self, every: float = 10.0):
+        super().__init__(daemon=True)
+        self.every, self.samples = every, []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        xs = self.samples or [os.getloadavg()[0]]
+        return {"mean": round(statistics.mean(xs), 2), "max": round(max(xs), 2), "min": round(min(xs), 2), "samples": len(xs)}
 
 
 # ---- 1. models ------------------------------------------------------------------------------------
@@ -154,7 +174,8 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
 
 
 # ---- 2. runs --------------------------------------------------------------------------------------
-def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int) -> list[str]:
+def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int,
+                      bf16: bool = False) -> list[str]:
     s = SETTINGS
     flags = ["--model", models["sft"], "--reward-model", models["rm"], "--data", str(data["prompts_train"]),
              "--output-dir", str(out), "--max-steps", str(steps), "--seed", str(seed), "--learning-rate", str(lr),
@@ -165,7 +186,7 @@ def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float
              "--gamma", str(s["gamma"]), "--lam", str(s["lam"]), "--entropy-coef", "0",
              "--normalize-reward", "false", "--reward-clip", "none", "--missing-eos-penalty", "none",
              "--max-grad-norm", "0", "--weight-decay", "0", "--warmup-steps", "0", "--lr-scheduler", "linear",
-             "--mixed-precision", "no", "--progress", "false"]
+             "--mixed-precision", "bf16" if bf16 else "no", "--progress", "false"]
     if lora_r:
         flags += ["--lora-r", str(lora_r)]  # one backbone: value head on the policy, reference = adapters off
     else:
@@ -173,11 +194,11 @@ def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float
     return flags
 
 
-def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0) -> dict:
+def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0, bf16=False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
     m = run_measured([PYTHON, str(BENCH / "rlhfkit_runner.py"), str(result_file), "--",
-                      *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r)], out.parent / f"{out.name}.log")
+                      *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r, bf16)], out.parent / f"{out.name}.log")
     check(m, f"rlhfkit ppo ({out})")
     result = json.loads(result_file.read_text())
     result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s, policy=str(out))
@@ -199,14 +220,14 @@ def prompt_ids(model_dir: str, path: Path) -> list[list[int]]:
     return [encode_prompt(tokenizer, ex.prompt, 128) for ex in load_examples(str(path), "prompt", "bench")]
 
 
-def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=False) -> dict:
+def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=False, bf16=False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     spec = {"policy": models["sft"], "reward_model": models["rm"], "value_model": models["rm"],
             "train_ids": prompt_ids(models["sft"], data["prompts_train"]),
             "eval_ids": prompt_ids(models["sft"], data["prompts_eval"])[: SETTINGS["batch_size"]],
             "settings": {**SETTINGS, "learning_rate": lr}, "steps": steps, "seed": seed, "output_dir": str(out),
-            "gradient_checkpointing": gradient_checkpointing}
+            "gradient_checkpointing": gradient_checkpointing, "bf16": bf16}
     (out / "spec.json").write_text(json.dumps(spec))
     m = run_measured([str(TRL_PYTHON), str(BENCH / "trl_runner.py"), str(out / "spec.json")], out.parent / f"{out.name}.log")
     check(m, f"TRL ppo ({out})")
@@ -330,18 +351,22 @@ def print_table(results: dict) -> None:
         s = res["summary"]
         notes = [f"params {res['models']['params'] / 1e6:.2f}M", f"gold before {res['before']['gold']:.2f}"]
         if "trl" in s and "rlhfkit" in s:
-            notes.append(f"speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit']['step_s'][0]:.2f}x")
-            notes.append(f"RSS rlhfkit/TRL {s['rlhfkit']['peak_rss_mb'][0] / s['trl']['peak_rss_mb'][0]:.2f}")
+            notes.append(f"speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit']['step_s'][0]:.2f}x "
+                         f"(target >= {SPEED_TARGET.get(size, float('nan')):g}x)")
+            notes.append(f"RSS rlhfkit/TRL {s['rlhfkit']['peak_rss_mb'][0] / s['trl']['peak_rss_mb'][0]:.2f} (target <= 1)")
         if "rlhfkit-lora" in s:
             sft_rss = mean_std([r["peak_rss_mb"] for r in sft])[0]
-            notes.append(f"LoRA RSS / SFT RSS {s['rlhfkit-lora']['peak_rss_mb'][0] / sft_rss:.2f}")
+            notes.append(f"LoRA RSS / SFT RSS {s['rlhfkit-lora']['peak_rss_mb'][0] / sft_rss:.2f} (target <= {LORA_RSS_TARGET:g})")
             if "trl" in s:
                 notes.append(f"LoRA speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit-lora']['step_s'][0]:.2f}x")
         print(f"{'':<6} " + "; ".join(notes))
     imp = results.get("import_rss_mb", {})
+    load = results.get("load_during", {})
     print(f"\n± = standard deviation over {results['args']['repeats']} repeat(s); s/step = median over steps 2..N; "
-          f"import-only RSS: rlhfkit {imp.get('rlhfkit', float('nan')):.0f} MB, TRL {imp.get('trl', float('nan')):.0f} MB; "
-          f"load average before/after: {results['load_before']} / {results['load_after']}")
+          f"torch threads {results['machine']['threads']}; import-only RSS: rlhfkit {imp.get('rlhfkit') or float('nan'):.0f} MB, "
+          f"TRL {imp.get('trl') or float('nan'):.0f} MB")
+    print(f"load average (1 min) during the run: mean {load.get('mean')}, min {load.get('min')}, max {load.get('max')} "
+          f"on {results['machine']['cpus']} CPUs; before {results['load_before']}, after {results.get('load_after')}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -358,6 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="repeat k uses seed + k")
     ap.add_argument("--trl-gradient-checkpointing", action="store_true",
                     help="keep TRL's default gradient checkpointing (off by default: rlhfkit does not checkpoint)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast in both (TRL bf16=True, rlhfkit --mixed-precision bf16); default fp32")
     ap.add_argument("--skip-trl", action="store_true", help="rlhfkit rows only (no TRL environment needed)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)")
@@ -387,11 +414,18 @@ def main(argv: list[str] | None = None) -> None:
     from rlhfkit.data.schema import load_examples
 
     eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
-    results: dict = {"args": vars(args), "settings": SETTINGS, "load_before": [round(x, 2) for x in load_average()],
+    results: dict = {"args": vars(args), "settings": SETTINGS, "load_before": load_average(),
                      "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                                  "python": platform.python_version()}, "sizes": {}}
     results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
-    loads = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sampler = LoadSampler()
+    sampler.start()
+
+    def save() -> None:  # after every run, so an interrupted benchmark keeps what it measured
+        results["load_during"] = sampler.summary()
+        out.write_text(json.dumps(results, indent=1, default=str))
     for size in sizes:
         models = build_models(size, work, data, log)
         lr = args.learning_rate or DEFAULT_LR[size]
@@ -402,30 +436,33 @@ def main(argv: list[str] | None = None) -> None:
         res = {"models": models, "learning_rate": lr, "lora_learning_rate": lora_lr, "before": before,
                "runs": {"rlhfkit": [], **({"rlhfkit-lora": []} if args.lora_r else {}), **({} if args.skip_trl else {"trl": []})},
                "sft_footprint": []}
+        results["sizes"][size] = res
         runs_dir = work / size / "runs"
         for k in range(args.repeats):
             seed = args.seed + k
-            jobs = [("rlhfkit", lambda o: run_rlhfkit(models, data, o, args.steps, lr, seed))]
+            jobs = [("rlhfkit", lambda o: run_rlhfkit(models, data, o, args.steps, lr, seed, bf16=args.bf16))]
             if args.lora_r:
-                jobs.append(("rlhfkit-lora", lambda o: run_rlhfkit(models, data, o, args.steps, lora_lr, seed, args.lora_r)))
+                jobs.append(("rlhfkit-lora", lambda o: run_rlhfkit(models, data, o, args.steps, lora_lr, seed, args.lora_r, args.bf16)))
             if not args.skip_trl:
-                jobs.append(("trl", lambda o: run_trl(models, data, o, args.steps, lr, seed, args.trl_gradient_checkpointing)))
+                jobs.append(("trl", lambda o: run_trl(models, data, o, args.steps, lr, seed, args.trl_gradient_checkpointing,
+                                                          args.bf16)))
             for name, job in jobs:
-                loads.append(load_average()[0])
+                load_start = load_average()[0]
                 r = job(runs_dir / f"{name}-r{k}")
                 r.update(step_stats(r))
+                r["load_1min_start_end"] = [load_start, load_average()[0]]
                 r["eval"] = evaluate(r["policy"], models["rm"], eval_prompts, args.eval_samples)
                 res["runs"][name].append(r)
                 log(f"[{size}] repeat {k + 1}/{args.repeats} {name}: {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tok/s, "
-                    f"peak RSS {r['peak_rss_mb']:.0f} MB, gold {before['gold']:.2f} -> {r['eval']['gold']:.2f}")
+                    f"peak RSS {r['peak_rss_mb']:.0f} MB, gold {before['gold']:.2f} -> {r['eval']['gold']:.2f}, "
+                    f"load {r['load_1min_start_end']}")
+                save()
             res["sft_footprint"].append(run_sft_footprint(models, data, runs_dir / f"sft-footprint-r{k}"))
         res["summary"] = summarise(res)
-        results["sizes"][size] = res
-    results["load_after"] = [round(x, 2) for x in load_average()]
-    results["load_1min_at_run_starts"] = loads
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=str))
+        save()
+    sampler.stopped.set()
+    results["load_after"] = load_average()
+    save()
     print_table(results)
     print(f"\nwrote {out}")
 

@@ -108,7 +108,7 @@ def main() -> None:
         missing_eos_penalty=None,
         local_rollout_forward_batch_size=s["batch_size"],  # the whole batch in one generate call, as rlhfkit
         gradient_checkpointing=spec.get("gradient_checkpointing", False),
-        bf16=False,  # fp32 on CPU, as rlhfkit (--mixed-precision no)
+        bf16=spec.get("bf16", False),  # default fp32, as rlhfkit's --mixed-precision no
         lr_scheduler_type="linear",
         warmup_steps=0,
         weight_decay=0.0,

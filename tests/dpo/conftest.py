@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from dpo_task import HELD_OUT_ITEMS, TRAIN_ITEMS, Task, bad, good, preference_rows, prompt, write_rows
+from .dpo_task import HELD_OUT_ITEMS, TRAIN_ITEMS, Task, bad, good, preference_rows, prompt, write_rows
 from rlhfkit.config.commands import DPOConfig, SFTConfig
 from rlhfkit.config.parse import parse_config
 

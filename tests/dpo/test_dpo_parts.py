@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpo_task import TRAIN_ITEMS, prompt, write_rows
+from .dpo_task import TRAIN_ITEMS, prompt, write_rows
 from rlhfkit.config.commands import DPOArgs
 from rlhfkit.config.parts import DataArgs, LoraArgs
 from rlhfkit.data.schema import load_examples

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dpo_task import HELD_OUT_ITEMS, read_metrics, reply_rates
+from .dpo_task import HELD_OUT_ITEMS, read_metrics, reply_rates
 from rlhfkit.cli.main import main
 from rlhfkit.trainers import dpo
 from rlhfkit.training.session import Session

@@ -27,9 +27,10 @@ def tiny_corpus_lines() -> list[str]:
     return lines
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # tiny models gain nothing from intra-op threads, and `pytest -n 2` workers would fight over the cores
-    torch.set_num_threads(1)
+# Tiny models gain nothing from intra-op threads, and with `pytest -n 2` (or anything else running)
+# two spinning OpenMP threads per process on 2 cores make a run 5-10x slower.
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the CLI subprocesses some tests start
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ SETTINGS = {
     "rm": "--max-steps 250 --learning-rate 1e-3 --batch-size 16 --warmup-steps 10 --lr-scheduler cosine --eval-steps 50",
     "ppo": ("--max-steps 100 --learning-rate 5e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
             "--max-new-tokens 40 --kl-coef 0.05 --gold-steps 10 --sample-steps 10 --warmup-steps 5 --lr-scheduler constant"),
-    "dpo": "--max-steps 200 --learning-rate 1e-3 --batch-size 16 --beta 0.1 --lr-scheduler cosine --eval-steps 50",
+    "dpo": "--max-steps 200 --learning-rate 1e-4 --batch-size 16 --beta 0.5 --precompute-ref --eval-steps 50",
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
     "sft": "--max-steps 4 --batch-size 8", "rm": "--max-steps 4 --batch-size 8",

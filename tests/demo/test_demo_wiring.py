@@ -1,0 +1,72 @@
+"""`rlhfkit demo --quick` runs every stage and writes the report files (numbers are meaningless there);
+`rlhfkit eval` measures what it says; the reward-hacking monitor fires on the drift it describes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlhfkit.cli.main import main
+from rlhfkit.evaluation.text_stats import distinct_n, repetition_rate, text_stats
+from rlhfkit.trainers.ppo.monitor import HackingMonitor
+
+KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "kl/ppo", "kl/ppo_no_kl", "rm/eval_accuracy", "seconds")
+
+
+def test_quick_demo_writes_report(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["demo", "--output-dir", str(out), "--quick", "--progress", "false"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for key in KEYS:
+        assert isinstance(summary[key], float), key
+    assert 0.5 < summary["rm/label_noise_ceiling"] < 1.0
+    report = (out / "report.md").read_text()
+    assert "| PPO (beta = 0) |" in report and "label-noise ceiling" in report
+    for png in ("ppo_curves.png", "proxy_vs_gold.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    for stage in ("sft", "rm", "ppo", "ppo_no_kl", "dpo"):
+        assert (out / stage / "config.yaml").is_file()
+    # PPO on a task with a judge logs the gold score
+    rows = [json.loads(x) for x in (out / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert any("reward/gold" in r for r in rows)
+
+    # `rlhfkit eval` on the demo's policy, against the SFT reference: KL of a model to itself is 0
+    result = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(out / "sft"), "--data", str(out / "data" / "prompts_eval.jsonl"),
+                 "--output", str(result), "--reference-model", str(out / "sft"), "--reward-model", str(out / "rm"),
+                 "--gold-judge", "support", "--num-prompts", "8", "--max-new-tokens", "8"]) == 0
+    metrics = json.loads(result.read_text())
+    assert metrics["n"] == 8 and abs(metrics["kl/ref"]) < 1e-4
+    for key in ("reward/score", "reward/gold", "response/length", "response/distinct_2", "response/repetition"):
+        assert key in metrics
+    assert len(result.with_suffix(".samples.jsonl").read_text().splitlines()) == 8
+
+
+def test_text_stats_by_hand():
+    assert distinct_n(["a b a b"], 1) == 0.5  # 2 unique of 4
+    assert distinct_n(["a b a b"], 2) == pytest.approx(2 / 3, abs=1e-12)  # (a b), (b a), (a b)
+    assert repetition_rate("sorry sorry sorry sorry") == pytest.approx(2 / 3, abs=1e-12)  # bigrams: 3, unique 1
+    assert text_stats(["one two three"])["length"] == 3
+
+
+class Log:
+    enabled = True
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, message):
+        self.lines.append(message)
+
+
+def test_monitor_warns_on_length_repetition_and_gold_drop():
+    log = Log()
+    mon = HackingMonitor(log, window=2)
+    mon.observe(1, ["we are sorry we will refund it"] * 4, proxy=0.0, gold=1.0)
+    assert log.lines == []
+    mon.observe(2, ["we are sorry we are sorry we are sorry we are sorry we are sorry"] * 4, proxy=0.5, gold=0.8)
+    assert any("length" in x for x in log.lines) and any("repetition" in x for x in log.lines)
+    out = mon.observe(3, ["we are sorry we are sorry we are sorry we are sorry we are sorry"] * 4, proxy=1.0, gold=0.2)
+    assert any("gold score fell" in x for x in log.lines)
+    assert out["monitor/warnings"] == 3.0

@@ -294,3 +294,5 @@ class DemoConfig:
     """A few steps per stage: checks the wiring in seconds; the numbers mean nothing."""
     progress: bool = True
     """Show progress bars of the stages."""
+    threads: int = 1
+    """torch CPU threads; a tiny model runs fastest on one (more threads only add synchronisation)."""

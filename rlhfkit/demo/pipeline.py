@@ -21,15 +21,15 @@ console = Console(stderr=True)
 SETTINGS = {
     "sft": "--max-steps 300 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine --eval-steps 100",
     "rm": "--max-steps 250 --learning-rate 1e-3 --batch-size 16 --warmup-steps 10 --lr-scheduler cosine --eval-steps 50",
-    "ppo": ("--max-steps 100 --learning-rate 5e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
-            "--max-new-tokens 40 --kl-coef 0.05 --gold-steps 10 --sample-steps 10 --warmup-steps 5 --lr-scheduler constant"),
+    "ppo": ("--max-steps 80 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
+            "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 10 --sample-steps 10"),
     "dpo": "--max-steps 200 --learning-rate 1e-4 --batch-size 16 --beta 0.5 --precompute-ref --eval-steps 50",
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
     "sft": "--max-steps 4 --batch-size 8", "rm": "--max-steps 4 --batch-size 8",
     "ppo": "--max-steps 2 --batch-size 8 --max-new-tokens 8 --gold-steps 1", "dpo": "--max-steps 4 --batch-size 8",
 }
-EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 1.0}
+EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
 
 
 def _run(command: str, argv: str):
@@ -66,6 +66,9 @@ def run(cfg) -> dict:
     from rlhfkit.tasks import get_judge
     from rlhfkit.tasks.support import label_noise_ceiling, write_task_data
 
+    import torch
+
+    torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = QUICK if cfg.quick else SETTINGS

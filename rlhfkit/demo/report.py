@@ -79,7 +79,8 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
               "## Over-optimisation", "", "![PPO curves](ppo_curves.png)", "", "![proxy vs gold](proxy_vs_gold.png)", "",
               "## Sample replies (same held-out prompts)", ""]
     for i in range(min(5, len(results["sft"]["samples"]))):
-        lines.append(f"**{results['sft']['samples'][i]['prompt'].strip()}**")
+        prompt = " ".join(str(results["sft"]["samples"][i]["prompt"]).split())
+        lines.append(f"**{prompt}**")
         lines.append("")
         for n, label in MODELS.items():
             s = results[n]["samples"][i]

@@ -20,7 +20,7 @@ console = Console(stderr=True)
 # Stage settings, tuned for a ~0.25M-parameter GPT-2 on 2 CPU cores (see README "The demo").
 SETTINGS = {
     "sft": "--max-steps 300 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine --eval-steps 100",
-    "rm": "--max-steps 250 --learning-rate 1e-3 --batch-size 16 --warmup-steps 10 --lr-scheduler cosine --eval-steps 50",
+    "rm": "--max-steps 300 --learning-rate 1e-3 --batch-size 32 --max-grad-norm 10 --eval-steps 50",
     "ppo": ("--max-steps 80 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
             "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 10 --sample-steps 10"),
     "dpo": "--max-steps 200 --learning-rate 1e-4 --batch-size 16 --beta 0.5 --precompute-ref --eval-steps 50",

@@ -31,8 +31,7 @@ from rlhfkit.ops import dpo_loss
 from rlhfkit.training import optim as opt
 from rlhfkit.training.batches import chunks, step_indices
 from rlhfkit.training.runtime import disable_dropout
-from rlhfkit.training.session import open_session
-from rlhfkit.training.stream import IndexStream
+from rlhfkit.training.session import open_session, prepare_trainables
 
 Pair = tuple[Encoded, Encoded]  # (chosen, rejected) with the same prompt ids
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "logps/chosen", "logps/rejected")
@@ -157,17 +156,10 @@ def train(cfg) -> dict:
     steps = opt.total_steps(cfg.optim, len(train_pairs), rows_per_step)
     session = open_session(cfg, cfg.run, steps, desc="dpo")
     acc = session.accelerator
-    optimizer = opt.build_optimizer(model, cfg.optim)
-    scheduler = opt.build_scheduler(optimizer, cfg.optim, steps)
-    model, optimizer = acc.prepare(model, optimizer)
+    t = prepare_trainables(session, model, cfg.optim, len(train_pairs), cfg.run.seed)
+    model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
     reference = Reference(acc.unwrap_model(model) if lora else frozen.to(session.device))
     del frozen  # `reference` holds the only handle, so releasing it frees the copy
-    stream = IndexStream(len(train_pairs), cfg.run.seed)
-    if cfg.run.resume:
-        state = session.restore({"model": model})
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
     pad_id = tokenizer.pad_token_id
     model.train()
 
@@ -209,9 +201,7 @@ def train(cfg) -> dict:
                                     session.device, acc.autocast))
         if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
             session.logger.log(step, metrics)
-        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
-            session.save(step, {"model": model}, {"optimizer": optimizer.state_dict(),
-                                                  "scheduler": scheduler.state_dict(), "stream": stream.state_dict()})
+        session.save_if_due(step, cfg.run.save_steps, t)
         session.logger.advance()
 
     # 6. Final model in Hugging Face format (LoRA: merged, and the adapter under adapter/).

@@ -35,8 +35,7 @@ from rlhfkit.training import optim as opt
 from rlhfkit.training.batches import step_indices
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.runtime import disable_dropout, seed_everything
-from rlhfkit.training.session import open_session
-from rlhfkit.training.stream import IndexStream
+from rlhfkit.training.session import open_session, prepare_trainables
 
 
 @dataclass
@@ -152,15 +151,8 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     steps = opt.total_steps(cfg.optim, len(train_examples), rows_per_step)
     session = open_session(cfg, cfg.run, steps, desc="rm")
     acc = session.accelerator
-    optimizer = opt.build_optimizer(model, cfg.optim)
-    scheduler = opt.build_scheduler(optimizer, cfg.optim, steps)
-    model, optimizer = acc.prepare(model, optimizer)
-    stream = IndexStream(len(train_examples), cfg.run.seed)
-    if cfg.run.resume:
-        state = session.restore({"model": model})
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
+    t = prepare_trainables(session, model, cfg.optim, len(train_examples), cfg.run.seed)
+    model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
     pad_id = tokenizer.pad_token_id
     center_coef = cfg.reward.center_coef
     score_rows = 2 * cfg.optim.batch_size  # a training micro-batch holds 2B rows with activations; scoring keeps none
@@ -195,9 +187,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
             metrics.update(evaluate(model, eval_pairs, pad_id, score_rows, session.device))
         if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
             session.logger.log(step, metrics)
-        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
-            session.save(step, {"model": model}, {"optimizer": optimizer.state_dict(),
-                                                  "scheduler": scheduler.state_dict(), "stream": stream.state_dict()})
+        session.save_if_due(step, cfg.run.save_steps, t)
         session.logger.advance()
 
     # 4. Final model in Hugging Face format, then the score statistics PPO normalises with (written

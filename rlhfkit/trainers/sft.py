@@ -20,8 +20,7 @@ from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora, save_pretrained
 from rlhfkit.training import optim as opt
 from rlhfkit.training.batches import chunks, step_indices
-from rlhfkit.training.session import open_session
-from rlhfkit.training.stream import IndexStream
+from rlhfkit.training.session import open_session, prepare_trainables
 
 
 def token_loss_sum(model, batch: dict) -> tuple[torch.Tensor, int]:
@@ -77,15 +76,8 @@ def train(cfg) -> dict:
     steps = opt.total_steps(cfg.optim, len(train_items), rows_per_step)
     session = open_session(cfg, cfg.run, steps, desc="sft")
     acc = session.accelerator
-    optimizer = opt.build_optimizer(model, cfg.optim)
-    scheduler = opt.build_scheduler(optimizer, cfg.optim, steps)
-    model, optimizer = acc.prepare(model, optimizer)
-    stream = IndexStream(len(train_items), cfg.run.seed)
-    if cfg.run.resume:
-        state = session.restore({"model": model})
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
+    t = prepare_trainables(session, model, cfg.optim, len(train_items), cfg.run.seed)
+    model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
     pad_id = tokenizer.pad_token_id
     model.train()
 
@@ -113,9 +105,7 @@ def train(cfg) -> dict:
             metrics["eval/loss"] = evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device)
         if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
             session.logger.log(step, metrics)
-        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
-            session.save(step, {"model": model}, {"optimizer": optimizer.state_dict(),
-                                                  "scheduler": scheduler.state_dict(), "stream": stream.state_dict()})
+        session.save_if_due(step, cfg.run.save_steps, t)
         session.logger.advance()
 
     # 5. Final model in Hugging Face format.

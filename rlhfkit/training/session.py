@@ -13,9 +13,11 @@ import torch
 
 from rlhfkit.config.parse import save_config
 from rlhfkit.errors import UserError
+from rlhfkit.training import optim as opt
 from rlhfkit.training.checkpoint import Checkpointer, rng_state, set_rng_state
 from rlhfkit.training.logger import MetricsLogger
 from rlhfkit.training.runtime import make_accelerator, seed_everything
+from rlhfkit.training.stream import IndexStream
 
 
 @dataclass
@@ -50,8 +52,42 @@ class Session:
         set_rng_state(state["rng"])
         return state
 
+    def save_if_due(self, step: int, save_steps: int, t: "Trainables") -> None:
+        """Checkpoint ``t`` every ``save_steps`` steps (0: never)."""
+        if save_steps and step % save_steps == 0:
+            self.save(step, {"model": t.model}, t.state_dict())
+
     def close(self) -> None:
         self.logger.close()
+
+
+@dataclass
+class Trainables:
+    """What an SFT / RM / DPO step updates, and what its checkpoint restores."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    stream: IndexStream
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "stream": self.stream.state_dict()}
+
+
+def prepare_trainables(session: Session, model, optim_args, n_rows: int, seed: int) -> Trainables:
+    """AdamW + schedule over ``session.total_steps``, ``accelerate.prepare``, the data stream; on resume,
+    all of them (and the model) restored from the newest checkpoint."""
+    optimizer = opt.build_optimizer(model, optim_args)
+    scheduler = opt.build_scheduler(optimizer, optim_args, session.total_steps)
+    model, optimizer = session.accelerator.prepare(model, optimizer)
+    t = Trainables(model, optimizer, scheduler, IndexStream(n_rows, seed))
+    if session.start_step > 0:  # only --resume sets a start step
+        state = session.restore({"model": model})
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        t.stream.load_state_dict(state["stream"])
+    return t
 
 
 def open_session(config, run, total_steps: int, desc: str) -> Session:

@@ -196,13 +196,10 @@ def train(cfg) -> dict:
             raise FloatingPointError(f"dpo: the loss became {stats['loss']} at step {step}")
         metrics = {**stats, "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch,
                    "time/step_s": time.perf_counter() - started}
-        if eval_pairs and ((cfg.run.eval_steps and step % cfg.run.eval_steps == 0) or step == steps):
+        if eval_pairs and session.eval_due(step, cfg.run.eval_steps):
             metrics.update(evaluate(model, reference, eval_pairs, pad_id, cfg.optim.batch_size, cfg.dpo,
                                     session.device, acc.autocast))
-        if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
-            session.logger.log(step, metrics)
-        session.save_if_due(step, cfg.run.save_steps, t)
-        session.logger.advance()
+        session.end_step(step, cfg.run, metrics, t)
 
     # 6. Final model in Hugging Face format (LoRA: merged, and the adapter under adapter/).
     acc.wait_for_everyone()

@@ -183,12 +183,9 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
             raise FloatingPointError(f"rm: the loss became {stats['loss']} at step {step}")
         metrics = {**stats, "reward/margin": stats["reward/chosen"] - stats["reward/rejected"],
                    "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
-        if eval_pairs and ((cfg.run.eval_steps and step % cfg.run.eval_steps == 0) or step == steps):
+        if eval_pairs and session.eval_due(step, cfg.run.eval_steps):
             metrics.update(evaluate(model, eval_pairs, pad_id, score_rows, session.device))
-        if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
-            session.logger.log(step, metrics)
-        session.save_if_due(step, cfg.run.save_steps, t)
-        session.logger.advance()
+        session.end_step(step, cfg.run, metrics, t)
 
     # 4. Final model in Hugging Face format, then the score statistics PPO normalises with (written
     #    last: their presence marks a finished model).

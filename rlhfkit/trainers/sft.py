@@ -101,12 +101,9 @@ def train(cfg) -> dict:
         if not math.isfinite(stats["loss"]):
             raise FloatingPointError(f"sft: the loss became {stats['loss']} at step {step}")
         metrics = {"loss": stats["loss"], "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
-        if eval_items and ((cfg.run.eval_steps and step % cfg.run.eval_steps == 0) or step == steps):
+        if eval_items and session.eval_due(step, cfg.run.eval_steps):
             metrics["eval/loss"] = evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device)
-        if step % cfg.run.logging_steps == 0 or step == steps or "eval/loss" in metrics:
-            session.logger.log(step, metrics)
-        session.save_if_due(step, cfg.run.save_steps, t)
-        session.logger.advance()
+        session.end_step(step, cfg.run, metrics, t)
 
     # 5. Final model in Hugging Face format.
     acc.wait_for_everyone()

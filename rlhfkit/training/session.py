@@ -52,10 +52,18 @@ class Session:
         set_rng_state(state["rng"])
         return state
 
-    def save_if_due(self, step: int, save_steps: int, t: "Trainables") -> None:
-        """Checkpoint ``t`` every ``save_steps`` steps (0: never)."""
-        if save_steps and step % save_steps == 0:
+    def eval_due(self, step: int, eval_steps: int) -> bool:
+        """Evaluate every ``eval_steps`` steps (0: never) and always at the last step."""
+        return bool(eval_steps and step % eval_steps == 0) or step == self.total_steps
+
+    def end_step(self, step: int, run, metrics: dict, t: "Trainables") -> None:
+        """Log (every --logging-steps, at the end, and whenever there are eval metrics), checkpoint
+        every --save-steps, advance the progress bar."""
+        if step % run.logging_steps == 0 or step == self.total_steps or "eval/loss" in metrics:
+            self.logger.log(step, metrics)
+        if run.save_steps and step % run.save_steps == 0:
             self.save(step, {"model": t.model}, t.state_dict())
+        self.logger.advance()
 
     def close(self) -> None:
         self.logger.close()

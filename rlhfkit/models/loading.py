@@ -53,12 +53,16 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
 
 
 def _load(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
+    from rlhfkit.models.kernels import fuse_activations
+
     check_model_dir(path, what)
     try:
-        return auto_cls.from_pretrained(path, trust_remote_code=trust_remote_code, use_safetensors=True,
-                                        local_files_only=True, **kwargs)
+        model = auto_cls.from_pretrained(path, trust_remote_code=trust_remote_code, use_safetensors=True,
+                                         local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
+    fuse_activations(model)
+    return model
 
 
 def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):

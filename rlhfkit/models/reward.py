@@ -28,6 +28,7 @@ from rlhfkit.data.collate import SequenceBatch, collate_pairs
 from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
+from rlhfkit.models.kernels import fuse_activations
 from rlhfkit.models.loading import check_model_dir, load_reward_model, load_tokenizer
 from rlhfkit.training.batches import chunks
 
@@ -71,6 +72,7 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
     if len(tokenizer) > vocab:
         raise UserError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only {vocab}")
     model.config.pad_token_id = tokenizer.pad_token_id  # batches > 1 need it; our scores do not depend on it
+    fuse_activations(model)
     return model
 
 
@@ -198,20 +200,30 @@ class RewardScorer:
         return len(self.members) > 1
 
     @torch.no_grad()
-    def member_scores(self, prompts: list[Text], responses: list[Text], batch_size: int = 32) -> torch.Tensor:
-        """``[K, B]`` scores of each member (K = 1 for a single model), on the scorer's device."""
+    def member_scores(self, prompts: list[Text], responses: list[Text], batch_size: int = 32,
+                      finished: list[bool] | None = None) -> torch.Tensor:
+        """``[K, B]`` scores of each member (K = 1 for a single model), on the scorer's device.
+
+        ``finished[i]`` False marks a response that was cut off (it never emitted EOS): it is scored as
+        it stands, without the EOS that ended every response the reward model was trained on, so a cut
+        reply is not read as a complete one. None means every response is complete.
+        """
         if len(prompts) != len(responses):
             raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+        if finished is None:
+            finished = [True] * len(responses)
         rows = []
         for m in self.members:
-            items = [encode_pair(m.tokenizer, p, r, self.max_length, self.max_prompt_length)
-                     for p, r in zip(prompts, responses)]
+            items = [encode_pair(m.tokenizer, p, r, self.max_length, self.max_prompt_length, add_eos=done)
+                     for p, r, done in zip(prompts, responses, finished)]
             rows.append(score_encoded(m.model, items, m.tokenizer.pad_token_id, batch_size, self.device))
         return torch.stack(rows).to(self.device)
 
-    def score(self, prompts: list[Text], responses: list[Text], batch_size: int = 32) -> ScoreOutput:
-        """Scores of B rows: ``prompts`` are strings or message lists, ``responses`` decoded texts."""
-        scores = self.member_scores(prompts, responses, batch_size)
+    def score(self, prompts: list[Text], responses: list[Text], batch_size: int = 32,
+              finished: list[bool] | None = None) -> ScoreOutput:
+        """Scores of B rows: ``prompts`` are strings or message lists, ``responses`` decoded texts;
+        ``finished`` as in ``member_scores``."""
+        scores = self.member_scores(prompts, responses, batch_size, finished)
         if not self.is_ensemble:
             return ScoreOutput(scores[0])
         return ScoreOutput(scores.mean(dim=0), scores.std(dim=0))

@@ -32,7 +32,7 @@ class ThanksScorer:
     stats = None
     conservative_k = 1.0
 
-    def score(self, prompts, responses, batch_size=32):
+    def score(self, prompts, responses, batch_size=32, finished=None):
         return ScoreOut(torch.tensor([1.0 if "thanks" in r else -1.0 for r in responses]))
 
 

@@ -36,7 +36,7 @@ def test_separate_value_model_from_reward_model(thanks_task, tmp_path):
 
 
 class NaNScorer(ThanksScorer):
-    def score(self, prompts, responses, batch_size=32):
+    def score(self, prompts, responses, batch_size=32, finished=None):
         return ScoreOut(torch.full((len(responses),), float("nan")))
 
 
@@ -63,3 +63,58 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     with pytest.raises(FloatingPointError):
         Checkpointer(tmp_path).save(1, {"model": layer}, {})
     assert Checkpointer(tmp_path).latest() is None
+
+
+def test_reusing_the_first_epochs_forward_changes_nothing(thanks_task, tmp_path, monkeypatch):
+    """One minibatch: epoch 1's forward doubles as the rollout's old-log-prob/value pass. Turning that
+    off (a separate no-grad pass, as with several minibatches) must give the same update."""
+    from safetensors.torch import load_file
+
+    from rlhfkit.trainers.ppo.policy import ActorCritic
+    from rlhfkit.trainers.ppo.trainer import PPOTrainer
+
+    model, prompts = thanks_task
+    args = f"--model {model} --data {prompts} --max-steps 1 --ppo-epochs 2 {BASE}"
+    calls = []
+    forward = ActorCritic.forward
+    monkeypatch.setattr(ActorCritic, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    results = []
+    for reuse in (True, False):
+        if not reuse:
+            monkeypatch.setattr(PPOTrainer, "reuses_first_pass", property(lambda self: False))
+        out = tmp_path / f"reuse-{reuse}"
+        calls.clear()
+        torch.manual_seed(0)
+        metrics = train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())
+        results.append((metrics, load_file(out / "model.safetensors")))
+        assert len(calls) == (2 if reuse else 3)  # rollout pass + 2 epochs, the first shared when reused
+    (m_reuse, w_reuse), (m_plain, w_plain) = results
+    for key in ("loss/policy", "loss/value", "policy/clipfrac", "kl/ref", "reward/score"):
+        assert m_reuse[key] == pytest.approx(m_plain[key], abs=1e-5), key
+    start = load_file(model / "model.safetensors")
+    moved = max(float((w_reuse[k] - start[k]).abs().max()) for k in w_reuse)
+    apart = max(float((w_reuse[k] - w_plain[k]).abs().max()) for k in w_reuse)
+    # Adam's first steps are ~lr*sign(g): where a gradient is ~1e-10 (< eps) float noise alone moves the
+    # weight by up to ~lr*g/eps, so the weights agree to a small fraction of the update, not to 1e-7.
+    assert moved > 1e-3 and apart < 0.02 * moved
+
+
+class FinishedRecorder(ThanksScorer):
+    def __init__(self):
+        self.finished = []
+
+    def score(self, prompts, responses, batch_size=32, finished=None):
+        self.finished += finished
+        return super().score(prompts, responses)
+
+
+def test_cut_off_responses_reach_the_scorer_as_unfinished(thanks_task, tmp_path):
+    model, prompts = thanks_task
+    flags = {}
+    for n in (2, 16):  # the task's replies are ~5 tokens + EOS: all cut at 2, nearly all finished at 16
+        scorer = FinishedRecorder()
+        train(parse("ppo", f"--model {model} --data {prompts} --output-dir {tmp_path}/n{n} --max-steps 1 "
+                           f"{BASE.replace('--max-new-tokens 6', f'--max-new-tokens {n}')}"), scorer=scorer)
+        flags[n] = scorer.finished
+    assert len(flags[2]) == 8 and not any(flags[2])
+    assert sum(flags[16]) >= 6

@@ -100,6 +100,22 @@ def test_score_command_keeps_rows_in_order_with_their_fields(small_rm, tmp_path,
     assert len({round(w["score"], 6) for w in written}) == len(rows)
 
 
+def test_a_cut_off_response_is_scored_without_the_eos_a_finished_one_gets(small_rm):
+    scorer = RewardScorer.load(small_rm, "cpu")
+    tokenizer, model = scorer.members[0].tokenizer, scorer.members[0].model
+    prompts, responses = [SHORT[0], LONG[0]], [SHORT[1], LONG[1]]
+    got = scorer.score(prompts, responses, finished=[True, False]).mean
+    with torch.no_grad():
+        for i, add_eos in enumerate([True, False]):
+            enc = encode_pair(tokenizer, prompts[i], responses[i], scorer.max_length, scorer.max_prompt_length, add_eos=add_eos)
+            assert (enc.response_ids[-1] == tokenizer.eos_token_id) == add_eos
+            alone = sequence_scores(model, collate_pairs([enc], tokenizer.pad_token_id))
+            assert float(got[i]) == pytest.approx(float(alone[0]), abs=1e-5)
+    default = scorer.score(prompts, responses).mean  # no flags: every response complete (ends with EOS)
+    assert float(default[0]) == pytest.approx(float(got[0]), abs=1e-5)
+    assert abs(float(default[1]) - float(got[1])) > 1e-4
+
+
 def test_score_command_names_a_bad_row(small_rm, tmp_path, capsys):
     data = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "a", "response": "b"}, {"prompt": "a"}])
     assert main(["score", "--reward-model", small_rm, "--data", str(data), "--output", str(tmp_path / "o.jsonl")]) == 1

@@ -52,6 +52,13 @@ def left_pad_prompts(prompts: list[list[int]], pad_id: int, device) -> tuple[tor
     return ids, mask
 
 
+def ended_with_stop(response_ids: torch.Tensor, response_mask: torch.Tensor, stops: list[int]) -> list[bool]:
+    """Per row, whether the response ended with a stop token (False: cut off at max_new_tokens)."""
+    last = response_ids.gather(1, (response_mask.sum(1, keepdim=True) - 1).clamp(min=0))[:, 0]  # [B]
+    ended = torch.isin(last, torch.tensor(stops, device=last.device)) & (response_mask.sum(1) > 0)
+    return ended.tolist()
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
     """Sample one response per prompt with the KV cache (``rlhfkit.models.sampling``).

@@ -27,6 +27,7 @@ from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
 from rlhfkit.models.lora import adapters_off, apply_lora, save_pretrained
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.models.sampling import stop_token_ids
 from rlhfkit.training import optim as opt
 from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import open_session
@@ -34,7 +35,7 @@ from rlhfkit.training.stream import IndexStream
 from rlhfkit.trainers.ppo.monitor import HackingMonitor
 from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
 from rlhfkit.trainers.ppo.reporting import GoldEvaluator, SampleWriter, rollout_metrics
-from rlhfkit.trainers.ppo.rollout import Rollout, generate
+from rlhfkit.trainers.ppo.rollout import Rollout, ended_with_stop, generate
 from rlhfkit.trainers.ppo.scoring import shape_scores
 
 MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
@@ -57,14 +58,25 @@ class PPOTrainer:
         self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
+        self.stops = stop_token_ids(self.policy, tokenizer)
 
     @property
     def policy(self):
         return self.acc.unwrap_model(self.ac).policy
 
     # ---- steps 1-6: experience -------------------------------------------------------------
+    @property
+    def reuses_first_pass(self) -> bool:
+        """One minibatch, no accumulation, no dropout: the first PPO epoch's forward pass (with grad) is
+        exactly the rollout policy's forward, so it also yields the old log-probs and values (step 3-4)
+        and is not run twice. Ratios are then exactly 1 in epoch 1, as the PPO math has them."""
+        return (self.ppo.num_minibatches == 1 and self.cfg.optim.gradient_accumulation_steps == 1
+                and self.ppo.ppo_epochs > 0 and self.cfg.lora.lora_dropout == 0)
+
     @torch.no_grad()
-    def make_rollout(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[Rollout, dict]:
+    def make_rollout(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[Rollout, tuple | None, dict]:
+        """Steps 1-6. Returns the rollout, the first epoch's forward outputs when they are reused
+        (``reuses_first_pass``; else None), and timings."""
         timings = {}
         t0 = t = time.perf_counter()
         eos = self.tokenizer.eos_token_id
@@ -75,7 +87,7 @@ class PPOTrainer:
         # 2. Score.
         t = time.perf_counter()
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        out = self.scorer.score(prompts, texts)
+        out = self.scorer.score(prompts, texts, finished=ended_with_stop(response_ids, response_mask, self.stops))
         raw = out.mean.to(self.device).float()
         std = out.std.to(self.device).float() if out.std is not None else None
         scores = shape_scores(raw, std, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k,
@@ -86,8 +98,15 @@ class PPOTrainer:
         input_ids = torch.cat([query_ids, response_ids], 1)
         attn = torch.cat([query_mask, response_mask], 1)
         T = response_ids.shape[1]
+        first_pass = None
         with self.acc.autocast():
-            logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature)
+            if self.reuses_first_pass:
+                self.ac.train()
+                with torch.enable_grad():
+                    first_pass = self.ac(input_ids, attn, T, self.gen.temperature, True)
+                logprobs, values = first_pass[0].detach(), first_pass[1].detach()
+            else:
+                logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature)
             if self.ref_model is None:  # LoRA: the reference is the same backbone with adapters off
                 with adapters_off(self.policy):
                     ref_logprobs = reference_logprobs(self.policy, input_ids, attn, T, self.gen.temperature)
@@ -109,13 +128,17 @@ class PPOTrainer:
         rollout = Rollout(query_ids, query_mask, response_ids, response_mask, scores, raw, logprobs, ref_logprobs,
                           values, rewards, advantages, returns)
         timings["time/rollout_s"] = time.perf_counter() - t0
-        return rollout, timings
+        return rollout, first_pass, timings
 
     # ---- step 7: PPO epochs -------------------------------------------------------------------
-    def loss(self, mb: Rollout) -> tuple[torch.Tensor, dict]:
-        """The combined PPO loss of one (micro-)batch: L = L_clip + c1*L_V - c2*H (+ c3*KL_ref)."""
+    def loss(self, mb: Rollout, outputs: tuple | None = None) -> tuple[torch.Tensor, dict]:
+        """The combined PPO loss of one (micro-)batch: L = L_clip + c1*L_V - c2*H (+ c3*KL_ref).
+
+        ``outputs``: this batch's (log-probs, values, entropy) from a forward already run with grad."""
         mask = mb.response_mask.float()
-        logprobs, values, entropy = self.ac(mb.input_ids, mb.attention_mask, mb.n_response, self.gen.temperature, True)
+        if outputs is None:
+            outputs = self.ac(mb.input_ids, mb.attention_mask, mb.n_response, self.gen.temperature, True)
+        logprobs, values, entropy = outputs
         pg_loss, pg_stats = ops.ppo_policy_loss(logprobs, mb.logprobs, mb.advantages, mask, self.ppo.clip_eps)
         vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.ppo.value_clip)
         ent = ops.masked_mean(entropy, mask)
@@ -128,22 +151,26 @@ class PPOTrainer:
                  "value/clipfrac": vf_stats["clipfrac"]}
         return loss, {k: float(v.detach()) for k, v in stats.items()}
 
-    def train_epochs(self, rollout: Rollout) -> dict:
+    def train_epochs(self, rollout: Rollout, first_pass: tuple | None = None) -> dict:
+        """PPO epochs over shuffled minibatches. ``first_pass``: the whole rollout's forward outputs
+        (``reuses_first_pass``), which stand in for epoch 1's forward of its single minibatch."""
         B = rollout.scores.shape[0]
         mb_size = B // self.ppo.num_minibatches
         micro_size = mb_size // self.cfg.optim.gradient_accumulation_steps
         sums: dict[str, float] = {}
         n = 0
         self.ac.train()
-        for _ in range(self.ppo.ppo_epochs):
+        for epoch in range(self.ppo.ppo_epochs):
             order = torch.randperm(B, generator=self.shuffle)
+            reuse = epoch == 0 and first_pass is not None
             for start in range(0, B, mb_size):
                 mb_index = order[start: start + mb_size]
                 mb_tokens = float(rollout.response_mask[mb_index].sum())
                 micro = [rollout.select(mb_index[i: i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)]
 
                 def loss_fn(mb: Rollout):
-                    loss, stats = self.loss(mb)
+                    outputs = tuple(o[mb_index.to(o.device)] for o in first_pass) if reuse else None  # rows in minibatch order
+                    loss, stats = self.loss(mb, outputs)
                     share = float(mb.response_mask.sum()) / max(mb_tokens, 1.0)  # token share: exact accumulation
                     return loss * share, {k: v * share for k, v in stats.items()}
 
@@ -159,11 +186,12 @@ class PPOTrainer:
 
     def ppo_step(self, prompts: list, prompt_ids: list[list[int]]) -> dict:
         t0 = time.perf_counter()
-        rollout, timings = self.make_rollout(prompts, prompt_ids)
+        rollout, first_pass, timings = self.make_rollout(prompts, prompt_ids)
         if not torch.isfinite(rollout.rewards).all() or not torch.isfinite(rollout.advantages).all():
             return self._skip("reward")
         t = time.perf_counter()
-        train_stats = self.train_epochs(rollout)
+        train_stats = self.train_epochs(rollout, first_pass)
+        del first_pass
         if "non_finite" in train_stats:
             return self._skip("loss")
         self.bad_steps = 0
@@ -229,7 +257,8 @@ def build_models(cfg, tokenizer):
 
 def train(cfg, scorer=None) -> dict:
     """Run PPO as configured. ``scorer`` replaces the reward model (any object with RewardScorer's
-    ``score(prompts, responses)``, ``stats`` and ``conservative_k``), e.g. a known function in tests."""
+    ``score(prompts, responses, finished=...)``, ``stats`` and ``conservative_k``), e.g. a known function
+    in tests."""
     # 1. Validate the prompts before anything heavy.
     examples = load_examples(cfg.data.data, "prompt", "rlhfkit ppo")
     eval_examples = load_examples(cfg.data.eval_data, "prompt", "rlhfkit ppo") if cfg.data.eval_data else []

@@ -5,14 +5,15 @@
 Runs `rlhfkit ppo` in this process with the settings of bench/ppo_vs_trl.py (same models: run that once, or
 this script builds them) and times rlhfkit's own functions by wrapping them (nothing in rlhfkit changes):
 
-  generate            rollout.generate (HF generate, KV cache)             -> step 1
+  generate            rollout.generate (KV-cache sampling loop)             -> step 1
   score               decode + RewardScorer.score + shaping (time/score_s) -> step 2
     rm forward          RewardScorer.score alone
-  rollout forwards    ActorCritic.forward without grad (policy + value)    -> steps 3-4
+  rollout forwards    ActorCritic.forward in make_rollout (policy + value) -> steps 3-4
+                      (with grad when epoch 1 reuses it: one minibatch)
     value model         SeparateValueModel.forward inside it
   reference forward   reference_logprobs                                   -> step 3
   advantages, misc    rest of make_rollout (padding, KL, rewards, GAE, whitening) -> steps 5-6
-  train forward       ActorCritic.forward with grad, in the PPO epochs      -> step 7
+  train forward       ActorCritic.forward in the PPO epochs                 -> step 7
   loss math           PPOTrainer.loss minus its forward (ops.*)
   backward            Accelerator.backward
   optimizer           optim.step (grad norm, AdamW, schedule, zero_grad)
@@ -75,11 +76,23 @@ def instrument(clock: Clock, record: dict) -> None:
     from rlhfkit.trainers.ppo import policy, trainer
     from rlhfkit.training import optim
 
+    in_rollout = [False]
+    make_rollout = trainer.PPOTrainer.make_rollout
+
+    def flagged(self, *args, **kwargs):
+        in_rollout[0] = True
+        try:
+            return make_rollout(self, *args, **kwargs)
+        finally:
+            in_rollout[0] = False
+
+    trainer.PPOTrainer.make_rollout = flagged
     clock.wrap(trainer, "generate", "generate")
     clock.wrap(RewardScorer, "score", "rm forward")
-    clock.wrap(policy.ActorCritic, "forward", "rollout forwards", when=lambda: not torch.is_grad_enabled())
-    clock.wrap(policy.ActorCritic, "forward", "train forward", when=torch.is_grad_enabled)
-    clock.wrap(policy.SeparateValueModel, "forward", "value model", when=lambda: not torch.is_grad_enabled())
+    # the rollout's policy + value pass (with grad when epoch 1 reuses it) vs the PPO epochs' passes
+    clock.wrap(policy.ActorCritic, "forward", "rollout forwards", when=lambda: in_rollout[0])
+    clock.wrap(policy.ActorCritic, "forward", "train forward", when=lambda: not in_rollout[0])
+    clock.wrap(policy.SeparateValueModel, "forward", "value model", when=lambda: in_rollout[0])
     clock.wrap(trainer, "reference_logprobs", "reference forward")
     clock.wrap(trainer.PPOTrainer, "loss", "loss+forward")
     clock.wrap(Accelerator, "backward", "backward")
@@ -138,7 +151,8 @@ def per_token_flops(s: dict, context: float, head: bool = True) -> float:
     return 2 * s["layers"] * layer + 4 * s["layers"] * s["d"] * context + (2 * s["d"] * s["vocab"] if head else 2 * s["d"])
 
 
-def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: bool, lora: bool) -> dict:
+def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: bool, lora: bool,
+               reuse_first_pass: bool = True) -> dict:
     """Matmul FLOPs of one PPO step, by phase. B rows, P prompt positions (padded), T response positions.
 
     generate:  prefill B*P tokens + B*T decode tokens, each with the KV cache (context = its position)
@@ -146,7 +160,8 @@ def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: boo
     rollout:   policy over B*(P+T) (LM head on T+1 positions only: logits_to_keep), value model (if separate)
                over B*(P+T), reference over B*(P+T) (LM head on T+1)
     update:    epochs x 3 x (policy + value) forward  (backward ~ 2x forward: grads of inputs and weights;
-               with LoRA the frozen base weights need no weight gradients, so ~2x instead of 3x)
+               with LoRA the frozen base weights need no weight gradients, so ~2x instead of 3x), less the
+               one forward that the rollout pass already did when epoch 1 reuses it (one minibatch)
     """
     L = P + T
     mean_ctx = L / 2  # causal attention: the average position attends to half the sequence
@@ -162,7 +177,7 @@ def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: boo
         "score": body,
         "rollout forwards": policy_fwd + value_fwd,
         "reference forward": policy_fwd,
-        "update": epochs * backward_factor * (policy_fwd + value_fwd),
+        "update": (epochs * backward_factor - (1 if reuse_first_pass else 0)) * (policy_fwd + value_fwd),
     }
 
 

@@ -6,9 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.models.kernels import TanhGELU, fuse_activations
-from rlhfkit.models.loading import load_causal_lm
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.models.loading import load_tokenizer
 
 
 def test_tanh_gelu_matches_the_elementwise_formula():

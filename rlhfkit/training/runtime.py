@@ -30,8 +30,18 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
+_DROPOUT_ATTRS = ("attention_dropout", "attn_dropout", "dropout", "dropout_p")
+
+
 def disable_dropout(model: torch.nn.Module) -> None:
-    """Set every dropout probability to 0: RL and preference losses compare log-probs across passes."""
+    """Set every dropout probability to 0: RL and preference losses compare log-probs across passes.
+
+    Covers ``nn.Dropout`` modules and the float rates that attention layers pass to a functional
+    dropout in training mode (e.g. Llama's ``attention_dropout``), so train and eval mode agree.
+    """
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name in _DROPOUT_ATTRS:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)

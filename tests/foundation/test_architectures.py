@@ -77,3 +77,19 @@ def test_sft_and_generate_work_on_common_architectures(tmp_path, capsys, arch, w
                            "--max-new-tokens", 6)
     assert code == 0, err
     assert [r["prompt"] for r in read_jsonl(tmp_path / "g.jsonl")] == ["Question: what does bob want? Answer:", "hi"]
+
+
+def test_disable_dropout_makes_training_mode_deterministic_for_functional_attention_dropout():
+    """Llama-style attention applies ``attention_dropout`` functionally in training mode; PPO's reused
+    first pass runs in training mode, so that rate must be zeroed too."""
+    import transformers as tf
+
+    from rlhfkit.training.runtime import disable_dropout
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(num_key_value_heads=2, attention_dropout=0.5, vocab_size=64, **DIMS)).train()
+    ids = torch.randint(0, 64, (2, 9))
+    assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)  # dropout is live
+    disable_dropout(model)
+    train_mode = model(input_ids=ids).logits
+    assert torch.allclose(train_mode, model.eval()(input_ids=ids).logits, atol=1e-6)

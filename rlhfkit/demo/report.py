@@ -65,8 +65,8 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
     plots = plot(out)
 
     lines = ["# rlhfkit demo: customer-support replies", "",
-             f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are on held-out prompts; the gold judge is never "
-             "used for training.", "",
+             f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
+             "replies to held-out prompts; the gold judge is never used for training.", "",
              "| model | gold | RM score | KL to SFT | length (words) | distinct-2 | repetition |",
              "|---|---|---|---|---|---|---|"]
     for n, label in MODELS.items():

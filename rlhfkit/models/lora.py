@@ -42,21 +42,34 @@ def adapters_off(model):
 
 
 def save_pretrained(model, tokenizer, output_dir: str | Path) -> Path:
-    """Save the final model (LoRA merged into the root, the adapter also under ``adapter/``) + tokenizer."""
+    """Save the final model (LoRA merged into the root, the adapter also under ``adapter/``) + tokenizer.
+
+    The LoRA merge happens in place (W += scale·B·A, saved, then subtracted again) rather than on a deep
+    copy, so saving never holds a second copy of the model: at the end of a long run that copy is what
+    would run out of memory. The in-memory weights come back to within float rounding.
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     assert_finite({"model": model})
     if is_lora(model):
         model.save_pretrained(out / "adapter", safe_serialization=True)
-        import copy
-
-        merged = copy.deepcopy(model).merge_and_unload()
-        merged.save_pretrained(out, safe_serialization=True)
+        base = model.get_base_model()
+        model.merge_adapter()
+        try:
+            base.save_pretrained(out, state_dict=_without_lora(base.state_dict()), safe_serialization=True)
+        finally:
+            model.unmerge_adapter()
     else:
         model.save_pretrained(out, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def _without_lora(state: dict) -> dict:
+    """A LoRA-wrapped model's state dict under the plain model's names: adapter tensors dropped, each
+    wrapped layer's ``base_layer`` (holding the merged weight) under the original layer name."""
+    return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from rlhfkit.data.templates import render_prompt
 from rlhfkit.errors import UserError
 from rlhfkit.evaluation.text_stats import text_stats
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-from rlhfkit.models.sampling import decode, sample_responses, stop_token_ids
+from rlhfkit.models.sampling import decode, ended_with_stop, sample_responses, stop_token_ids
 from rlhfkit.training.batches import chunks
 from rlhfkit.trainers.ppo.policy import reference_logprobs
 
@@ -60,8 +60,7 @@ def evaluate_policy(policy_dir: str, prompts: list, generation, *, reward_model:
         from rlhfkit.models.reward import RewardScorer
 
         scorer = RewardScorer.load(reward_model, device, trust_remote_code)
-        stops = stop_token_ids(policy, tokenizer)
-        finished = [bool(r) and r[-1] in stops for r in responses]  # cut-off replies are scored without EOS
+        finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
         scores = scorer.score(prompts, texts, finished=finished).mean.tolist()
         metrics["reward/score"] = sum(scores) / len(scores)
         for row, s in zip(rows, scores):

@@ -38,6 +38,12 @@ def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def ended_with_stop(responses: list[list[int]], stops: list[int]) -> list[bool]:
+    """Per response (as ``sample_responses`` returns them), whether it ended with a stop token; False
+    means it was cut off at ``max_new_tokens``."""
+    return [bool(r) and r[-1] in stops for r in responses]
+
+
 def cut_at_stop(ids: list[int], stops: list[int]) -> list[int]:
     """``ids`` up to and including the first stop token (all of ``ids`` when none occurs)."""
     for i, token in enumerate(ids):

@@ -26,7 +26,7 @@ from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import load_examples
 from rlhfkit.models.forward import sequence_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-from rlhfkit.models.lora import adapters_off, apply_lora, save_pretrained
+from rlhfkit.models.lora import adapters_off, apply_lora
 from rlhfkit.ops import dpo_loss
 from rlhfkit.training import optim as opt
 from rlhfkit.training.batches import chunks, step_indices
@@ -202,8 +202,5 @@ def train(cfg) -> dict:
         session.end_step(step, cfg.run, metrics, t)
 
     # 6. Final model in Hugging Face format (LoRA: merged, and the adapter under adapter/).
-    acc.wait_for_everyone()
-    if session.is_main:
-        save_pretrained(acc.unwrap_model(model), tokenizer, session.output_dir)
-    session.close()
+    session.finish(model, tokenizer)
     return metrics

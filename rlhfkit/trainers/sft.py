@@ -17,7 +17,7 @@ from rlhfkit.data.encode import IGNORE_INDEX, encode_sft
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-from rlhfkit.models.lora import apply_lora, save_pretrained
+from rlhfkit.models.lora import apply_lora
 from rlhfkit.training import optim as opt
 from rlhfkit.training.batches import chunks, step_indices
 from rlhfkit.training.session import open_session, prepare_trainables
@@ -106,8 +106,5 @@ def train(cfg) -> dict:
         session.end_step(step, cfg.run, metrics, t)
 
     # 5. Final model in Hugging Face format.
-    acc.wait_for_everyone()
-    if session.is_main:
-        save_pretrained(acc.unwrap_model(model), tokenizer, session.output_dir)
-    session.close()
+    session.finish(model, tokenizer)
     return metrics

@@ -13,6 +13,7 @@ import torch
 
 from rlhfkit.config.parse import save_config
 from rlhfkit.errors import UserError
+from rlhfkit.models.lora import save_pretrained
 from rlhfkit.training import optim as opt
 from rlhfkit.training.checkpoint import Checkpointer, rng_state, set_rng_state
 from rlhfkit.training.logger import MetricsLogger
@@ -67,6 +68,14 @@ class Session:
 
     def close(self) -> None:
         self.logger.close()
+
+    def finish(self, model, tokenizer) -> None:
+        """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
+        the main process once every process is done; then close the logger."""
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            save_pretrained(self.accelerator.unwrap_model(model), tokenizer, self.output_dir)
+        self.close()
 
 
 @dataclass

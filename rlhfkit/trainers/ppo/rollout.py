@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from rlhfkit.data.collate import pad
-from rlhfkit.models.sampling import sample_responses
+from rlhfkit.models.sampling import ended_with_stop, sample_responses, stop_token_ids
 
 
 @dataclass
@@ -52,22 +52,17 @@ def left_pad_prompts(prompts: list[list[int]], pad_id: int, device) -> tuple[tor
     return ids, mask
 
 
-def ended_with_stop(response_ids: torch.Tensor, response_mask: torch.Tensor, stops: list[int]) -> list[bool]:
-    """Per row, whether the response ended with a stop token (False: cut off at max_new_tokens)."""
-    last = response_ids.gather(1, (response_mask.sum(1, keepdim=True) - 1).clamp(min=0))[:, 0]  # [B]
-    ended = torch.isin(last, torch.tensor(stops, device=last.device)) & (response_mask.sum(1) > 0)
-    return ended.tolist()
-
-
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
     """Sample one response per prompt with the KV cache (``rlhfkit.models.sampling``).
 
-    Returns ``(query_ids [B, P] left-padded, query_mask, response_ids [B, T] right-padded, response_mask)``;
-    a response ends at its first EOS (kept, masked 1), padding after it is masked 0.
+    Returns ``(query_ids [B, P] left-padded, query_mask, response_ids [B, T] right-padded, response_mask,
+    finished)``; a response ends at its first EOS (kept, masked 1), padding after it is masked 0;
+    ``finished[i]`` is False for a response cut off at max_new_tokens.
     """
     responses = sample_responses(model, tokenizer, prompt_ids, generation, len(prompt_ids), device)
     query_ids, query_mask = left_pad_prompts(prompt_ids, tokenizer.pad_token_id, device)
     response_ids = pad(responses, tokenizer.pad_token_id).to(device)
     response_mask = pad([[1] * len(r) for r in responses], 0).to(device)
-    return query_ids, query_mask, response_ids, response_mask
+    finished = ended_with_stop(responses, stop_token_ids(model, tokenizer))
+    return query_ids, query_mask, response_ids, response_mask, finished

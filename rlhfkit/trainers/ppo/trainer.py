@@ -25,9 +25,8 @@ from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
-from rlhfkit.models.lora import adapters_off, apply_lora, save_pretrained
+from rlhfkit.models.lora import adapters_off, apply_lora
 from rlhfkit.models.reward import RewardScorer
-from rlhfkit.models.sampling import stop_token_ids
 from rlhfkit.training import optim as opt
 from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import open_session
@@ -35,7 +34,7 @@ from rlhfkit.training.stream import IndexStream
 from rlhfkit.trainers.ppo.monitor import HackingMonitor
 from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
 from rlhfkit.trainers.ppo.reporting import GoldEvaluator, SampleWriter, rollout_metrics
-from rlhfkit.trainers.ppo.rollout import Rollout, ended_with_stop, generate
+from rlhfkit.trainers.ppo.rollout import Rollout, generate
 from rlhfkit.trainers.ppo.scoring import shape_scores
 
 MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
@@ -58,7 +57,6 @@ class PPOTrainer:
         self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
-        self.stops = stop_token_ids(self.policy, tokenizer)
 
     @property
     def policy(self):
@@ -82,12 +80,13 @@ class PPOTrainer:
         eos = self.tokenizer.eos_token_id
         # 1. Generate.
         self.ac.eval()
-        query_ids, query_mask, response_ids, response_mask = generate(self.policy, self.tokenizer, prompt_ids, self.gen, self.device)
+        query_ids, query_mask, response_ids, response_mask, finished = generate(
+            self.policy, self.tokenizer, prompt_ids, self.gen, self.device)
         timings["time/generate_s"] = time.perf_counter() - t
         # 2. Score.
         t = time.perf_counter()
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        out = self.scorer.score(prompts, texts, finished=ended_with_stop(response_ids, response_mask, self.stops))
+        out = self.scorer.score(prompts, texts, finished=finished)
         raw = out.mean.to(self.device).float()
         std = out.std.to(self.device).float() if out.std is not None else None
         scores = shape_scores(raw, std, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k,
@@ -310,8 +309,5 @@ def train(cfg, scorer=None) -> dict:
         session.logger.advance()
 
     # 5. Final policy in Hugging Face format; the value head stays in checkpoints/.
-    session.accelerator.wait_for_everyone()
-    if session.is_main:
-        save_pretrained(trainer.policy, tokenizer, session.output_dir)
-    session.close()
+    session.finish(trainer.policy, tokenizer)
     return metrics

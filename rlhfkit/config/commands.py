@@ -147,6 +147,10 @@ class PPOArgs:
     """Name of a built-in task judge (e.g. 'support') to log reward/gold on --eval-data prompts."""
     gold_steps: int = 10
     """Log reward/gold every N steps (when --gold-judge is set)."""
+    pack_sequences: bool = True
+    """Run the log-prob/value/reference passes and PPO updates on packed rows (several sequences per row,
+block-diagonal attention) instead of padded ones: same results, fewer positions. Applies to GPT-2, Llama,
+Qwen2, GPT-NeoX with sdpa/eager attention, for batches where it is estimated cheaper; false: always padded."""
 
 
 @dataclass

@@ -8,6 +8,8 @@ Value function options (SPEC/issue "four roles"):
 
 Sequences are laid out as ``[left-padded prompt (P) | right-padded response (T)]``; position ids come
 from the attention mask, so left padding changes nothing. Outputs are ``[B, T]`` over response tokens.
+Given a ``PackedBatch`` of the same batch (``rlhfkit.models.packing``), the models run on the packed rows
+instead and the outputs are gathered back into that layout: the same numbers from fewer positions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from rlhfkit.errors import UserError
+from rlhfkit.models.packing import PackedBatch
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 
 
@@ -24,8 +27,16 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def response_logits(model, input_ids, attention_mask, n_response: int, hidden: bool = False):
+def response_logits(model, input_ids, attention_mask, n_response: int, hidden: bool = False,
+                    packed: PackedBatch | None = None):
     """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
+    L = input_ids.shape[1]
+    if packed is not None:
+        out = model(input_ids=packed.input_ids, attention_mask=packed.mask_for(model),
+                    position_ids=packed.position_ids, output_hidden_states=hidden)
+        logits = packed.gather(out.logits, L - n_response - 1, L - 1)
+        states = packed.gather(out.hidden_states[-1], L - n_response - 1, L - 1) if hidden else None
+        return logits, states
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
                 output_hidden_states=hidden, logits_to_keep=n_response + 1)
     logits = out.logits[:, -(n_response + 1):-1]  # position t predicts token t + 1
@@ -57,7 +68,12 @@ class SeparateValueModel(nn.Module):
         self.backbone = getattr(seq_cls_model, prefix)
         self.score = seq_cls_model.score
 
-    def forward(self, input_ids, attention_mask, n_response: int) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, n_response: int, packed: PackedBatch | None = None) -> torch.Tensor:
+        if packed is not None:
+            L = input_ids.shape[1]
+            out = self.backbone(input_ids=packed.input_ids, attention_mask=packed.mask_for(self.backbone),
+                                position_ids=packed.position_ids)
+            return self.score(packed.gather(out.last_hidden_state, L - n_response - 1, L - 1)).squeeze(-1)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
         return self.score(out.last_hidden_state[:, -(n_response + 1):-1]).squeeze(-1)
 
@@ -71,21 +87,25 @@ class ActorCritic(nn.Module):
         self.value_model = value_model
         self.value_head = None if value_model is not None else ValueHead(policy.config.hidden_size)
 
-    def forward(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0, with_entropy: bool = False):
-        """Log-probs of the given response tokens, values and (optionally) entropies, each ``[B, T]``."""
-        logits, hidden = response_logits(self.policy, input_ids, attention_mask, n_response, hidden=self.value_head is not None)
+    def forward(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0, with_entropy: bool = False,
+                packed: PackedBatch | None = None):
+        """Log-probs of the given response tokens, values and (optionally) entropies, each ``[B, T]``.
+        ``packed``: the same batch packed (``rlhfkit.models.packing.pack``), to run on instead."""
+        logits, hidden = response_logits(self.policy, input_ids, attention_mask, n_response,
+                                         hidden=self.value_head is not None, packed=packed)
         logits = logits.float() / temperature
         logprobs = logprobs_from_logits(logits, input_ids[:, -n_response:])
         if self.value_head is not None:
             values = self.value_head(hidden)
         else:
-            values = self.value_model(input_ids, attention_mask, n_response)
+            values = self.value_model(input_ids, attention_mask, n_response, packed)
         entropy = entropy_from_logits(logits) if with_entropy else None
         return logprobs, values.float(), entropy
 
 
 @torch.no_grad()
-def reference_logprobs(ref_model, input_ids, attention_mask, n_response: int, temperature: float = 1.0) -> torch.Tensor:
+def reference_logprobs(ref_model, input_ids, attention_mask, n_response: int, temperature: float = 1.0,
+                       packed: PackedBatch | None = None) -> torch.Tensor:
     """``[B, T]`` log-probs of the response under the frozen reference."""
-    logits, _ = response_logits(ref_model, input_ids, attention_mask, n_response)
+    logits, _ = response_logits(ref_model, input_ids, attention_mask, n_response, packed=packed)
     return logprobs_from_logits(logits.float() / temperature, input_ids[:, -n_response:])

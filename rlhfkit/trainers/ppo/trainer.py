@@ -26,6 +26,7 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
 from rlhfkit.models.lora import adapters_off, apply_lora
+from rlhfkit.models.packing import PackedBatch, can_pack, pack
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.training import optim as opt
 from rlhfkit.training.runtime import disable_dropout
@@ -57,10 +58,16 @@ class PPOTrainer:
         self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
+        models = [self.policy, self.ref_model, actor_critic.value_model and actor_critic.value_model.backbone]
+        self.packs = self.ppo.pack_sequences and all(can_pack(m) for m in models if m is not None)
 
     @property
     def policy(self):
         return self.acc.unwrap_model(self.ac).policy
+
+    def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedBatch | None:
+        """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded."""
+        return pack(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id) if self.packs else None
 
     # ---- steps 1-6: experience -------------------------------------------------------------
     @property
@@ -97,20 +104,21 @@ class PPOTrainer:
         input_ids = torch.cat([query_ids, response_ids], 1)
         attn = torch.cat([query_mask, response_mask], 1)
         T = response_ids.shape[1]
+        packed = self.packed(input_ids, attn)
         first_pass = None
         with self.acc.autocast():
             if self.reuses_first_pass:
                 self.ac.train()
                 with torch.enable_grad():
-                    first_pass = self.ac(input_ids, attn, T, self.gen.temperature, True)
+                    first_pass = self.ac(input_ids, attn, T, self.gen.temperature, True, packed=packed)
                 logprobs, values = first_pass[0].detach(), first_pass[1].detach()
             else:
-                logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature)
+                logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature, packed=packed)
             if self.ref_model is None:  # LoRA: the reference is the same backbone with adapters off
                 with adapters_off(self.policy):
-                    ref_logprobs = reference_logprobs(self.policy, input_ids, attn, T, self.gen.temperature)
+                    ref_logprobs = reference_logprobs(self.policy, input_ids, attn, T, self.gen.temperature, packed)
             else:
-                ref_logprobs = reference_logprobs(self.ref_model, input_ids, attn, T, self.gen.temperature)
+                ref_logprobs = reference_logprobs(self.ref_model, input_ids, attn, T, self.gen.temperature, packed)
         mask = response_mask.float()
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         timings["time/forward_s"] = time.perf_counter() - t
@@ -136,7 +144,8 @@ class PPOTrainer:
         ``outputs``: this batch's (log-probs, values, entropy) from a forward already run with grad."""
         mask = mb.response_mask.float()
         if outputs is None:
-            outputs = self.ac(mb.input_ids, mb.attention_mask, mb.n_response, self.gen.temperature, True)
+            input_ids, attn = mb.input_ids, mb.attention_mask
+            outputs = self.ac(input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn))
         logprobs, values, entropy = outputs
         pg_loss, pg_stats = ops.ppo_policy_loss(logprobs, mb.logprobs, mb.advantages, mask, self.ppo.clip_eps)
         vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.ppo.value_clip)

@@ -1,0 +1,132 @@
+"""Sequence packing (rlhfkit/models/packing.py): the packed forward must give the padded forward's outputs and
+gradients on every real token, for each architecture it is enabled for and both attention kernels."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rlhfkit.models import packing
+from rlhfkit.models.packing import can_pack, pack, plan_rows
+from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
+
+from .test_architectures import make_config
+
+VOCAB, EOS, PAD = 96, 0, 1
+
+
+def ragged_batch(seed: int, rows: int = 7):
+    """[left-padded prompt | right-padded response] ids and mask, lengths all different."""
+    rng = random.Random(seed)
+    prompts = [rng.randint(1, 9) for _ in range(rows)]
+    responses = [rng.randint(1, 12) for _ in range(rows)]
+    P, T = max(prompts), max(responses)
+    ids = torch.full((rows, P + T), PAD)
+    mask = torch.zeros(rows, P + T, dtype=torch.long)
+    for i, (p, t) in enumerate(zip(prompts, responses)):
+        ids[i, P - p: P + t] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(p + t)])
+        mask[i, P - p: P + t] = 1
+    return ids, mask, T
+
+
+def causal_lm(arch: str, attn: str):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(make_config(arch, VOCAB, EOS), attn_implementation=attn).eval()
+
+
+@pytest.fixture
+def always_pack(monkeypatch):
+    """Make attention look free to the planner, so it packs as many sequences per row as fit."""
+    monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)
+
+
+def test_plan_places_every_sequence_once_and_saves_positions():
+    rng = random.Random(0)
+    for _ in range(50):
+        lengths = [rng.randint(3, 50) for _ in range(rng.randint(2, 40))]
+        rows = plan_rows(lengths, 60, hidden_size=384)
+        if rows is None:
+            continue
+        assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        assert len(rows) * width < len(lengths) * 60  # fewer positions than the padded batch
+    assert plan_rows([20] * 16, 20, hidden_size=384) is None  # no padding: nothing to gain
+    rows = plan_rows([48, 10, 40, 12, 45, 6, 30, 20], 50, hidden_size=384)
+    assert rows is not None and len(rows) < 8
+
+
+def test_packed_rows_keep_sequences_apart(always_pack):
+    ids, mask, T = ragged_batch(1)
+    packed = pack(causal_lm("gpt2", "sdpa"), ids, mask, PAD)
+    assert packed.input_ids.shape[0] < ids.shape[0]  # several sequences share rows
+    real = packed.index[mask.bool()]
+    assert len(set(real.tolist())) == int(mask.sum())  # each real token has its own packed position
+    assert torch.equal(packed.input_ids.flatten()[real], ids[mask.bool()])
+    assert torch.equal(packed.position_ids.flatten()[real], (mask.cumsum(1) - 1)[mask.bool()])
+    # A token may attend to an earlier token exactly when both belong to the same sequence.
+    owner = torch.full((packed.input_ids.numel(),), -1)
+    owner[real] = torch.arange(len(mask)).repeat_interleave(mask.sum(1))
+    allowed = packed.allowed[:, 0]
+    for r in range(allowed.shape[0]):
+        o = owner.view(packed.input_ids.shape)[r]
+        same = (o[:, None] == o[None, :]) & (o[:, None] >= 0)
+        assert torch.equal(allowed[r] & (o[:, None] >= 0), same & torch.ones_like(same).tril())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "gpt_neox"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_forward_equals_padded_forward(always_pack, arch, attn):
+    """Log-probs, values (value head on the policy) and entropies, and the gradients of all weights."""
+    policy = causal_lm(arch, attn)
+    assert can_pack(policy)
+    ac = ActorCritic(policy)
+    torch.nn.init.normal_(ac.value_head.linear.weight, std=0.1)  # a value head that is not all zeros
+    ids, mask, T = ragged_batch(2)
+    packed = pack(policy, ids, mask, PAD)
+    assert packed.input_ids.numel() < ids.numel()
+    response_mask = mask[:, -T:].float()
+    outputs, grads = [], []
+    for p in (None, packed):
+        ac.zero_grad()
+        out = ac(ids, mask, T, 0.7, True, packed=p)
+        sum(((o * response_mask) * torch.linspace(0.5, 1.5, T)).sum() for o in out).backward()
+        outputs.append([o * response_mask for o in out])
+        grads.append({n: w.grad.clone() for n, w in ac.named_parameters() if w.grad is not None})
+    for padded, packed_out in zip(*outputs):
+        assert torch.allclose(padded, packed_out, atol=2e-5), float((padded - packed_out).abs().max())
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+    ref = [reference_logprobs(policy, ids, mask, T, 0.7, packed=p) * response_mask for p in (None, packed)]
+    assert torch.allclose(ref[0], ref[1], atol=2e-5)
+
+
+def test_packed_separate_value_model(always_pack):
+    from transformers import AutoModelForSequenceClassification
+
+    config = make_config("gpt2", VOCAB, EOS)
+    config.num_labels, config.pad_token_id = 1, PAD
+    torch.manual_seed(1)
+    value = SeparateValueModel(AutoModelForSequenceClassification.from_config(config).eval())
+    ids, mask, T = ragged_batch(3)
+    packed = pack(value.backbone, ids, mask, PAD)
+    m = mask[:, -T:].float()
+    assert torch.allclose(value(ids, mask, T) * m, value(ids, mask, T, packed) * m, atol=2e-5)
+
+
+def test_packing_is_off_where_it_could_change_results():
+    assert not can_pack(_bloom())  # ALiBi biases come from the 2-D mask: not in the allow-list
+    qwen = causal_lm("qwen2", "sdpa")
+    qwen.config.use_sliding_window, qwen.config.sliding_window = True, 4
+    ids, mask, _ = ragged_batch(4)
+    assert pack(qwen, ids, mask, PAD) is None  # a sequence longer than the window would lose the window
+
+
+def _bloom():
+    from transformers import AutoModelForCausalLM, BloomConfig
+
+    return AutoModelForCausalLM.from_config(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4))

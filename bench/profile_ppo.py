@@ -23,6 +23,7 @@ this script builds them) and times rlhfkit's own functions by wrapping them (not
 
 The floor: the step's matmul FLOPs (formula in `step_flops`) divided by the matmul rate measured here at the
 model's shapes (`measure_matmul_rate`): decode shapes (B rows) for generation, full-sequence shapes for the rest.
+The teacher-forced phases count real tokens only (padding is not work the math needs; packing removes most of it).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def instrument(clock: Clock, record: dict) -> None:
         step["loop overhead"] = n.get("loop overhead", 0.0)
         step["_ppo_step"] = end - t0
         step["_tokens"] = int(metrics["_rollout"].response_mask.sum())
+        step["_prompt_tokens"] = int(metrics["_rollout"].query_mask.sum())
         step["_shape"] = [int(metrics["_rollout"].query_ids.shape[1]), int(metrics["_rollout"].response_ids.shape[1])]
         clock.steps.append(step)
         clock.now = defaultdict(float)
@@ -152,8 +154,10 @@ def per_token_flops(s: dict, context: float, head: bool = True) -> float:
 
 
 def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: bool, lora: bool,
-               reuse_first_pass: bool = True) -> dict:
+               reuse_first_pass: bool = True, real: tuple[float, float] | None = None) -> dict:
     """Matmul FLOPs of one PPO step, by phase. B rows, P prompt positions (padded), T response positions.
+    ``real``: (prompt tokens, response tokens) of the batch without padding; then the teacher-forced phases
+    (score, rollout, reference, update) count only real tokens: the work the math needs, however laid out.
 
     generate:  prefill B*P tokens + B*T decode tokens, each with the KV cache (context = its position)
     score:     the reward model over B*(P+T) tokens (score head)
@@ -163,10 +167,10 @@ def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: boo
                with LoRA the frozen base weights need no weight gradients, so ~2x instead of 3x), less the
                one forward that the rollout pass already did when epoch 1 reuses it (one minibatch)
     """
-    L = P + T
-    mean_ctx = L / 2  # causal attention: the average position attends to half the sequence
-    body = B * L * per_token_flops(s, mean_ctx, head=False)  # a forward over the sequence without the LM head
-    lm_head = B * (T + 1) * 2 * s["d"] * s["vocab"]
+    tokens, responses = (B * (P + T), B * T) if real is None else (real[0] + real[1], real[1])
+    mean_ctx = tokens / B / 2  # causal attention: the average position attends to half its sequence
+    body = tokens * per_token_flops(s, mean_ctx, head=False)  # a forward over the sequences without the LM head
+    lm_head = (responses + B) * 2 * s["d"] * s["vocab"]  # the positions that predict response tokens
     prefill = B * P * per_token_flops(s, P / 2)
     decode = sum(B * per_token_flops(s, P + t) for t in range(T))
     policy_fwd = body + lm_head
@@ -267,7 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     B, E = bench.SETTINGS["batch_size"], bench.SETTINGS["ppo_epochs"]
 
     shapes = model_shapes(models["sft"])
-    flops = step_flops(shapes, B, P, T, E, separate_value=not args.lora_r, lora=bool(args.lora_r))
+    real = (statistics.mean(s["_prompt_tokens"] for s in steps), tokens)
+    flops = step_flops(shapes, B, P, T, E, separate_value=not args.lora_r, lora=bool(args.lora_r), real=real)
+    padded = sum(step_flops(shapes, B, P, T, E, separate_value=not args.lora_r, lora=bool(args.lora_r)).values())
     rate_full = measure_matmul_rate(shapes, B * (P + T))
     rate_decode = measure_matmul_rate(shapes, B)
     floor = {k: v / ((rate_decode if k == "generate" else rate_full) * 1e9) for k, v in flops.items()}
@@ -290,11 +296,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{k:<22} {flops[k] / 1e9:>9.3f} {floor[k]:>9.4f} {measured_phase[k]:>11.4f} {measured_phase[k] / floor[k]:>8.1f}")
     total_floor = sum(floor.values())
     print(f"{'step':<22} {sum(flops.values()) / 1e9:>9.3f} {total_floor:>9.4f} {step_s:>11.4f} {step_s / total_floor:>8.1f}")
+    print(f"(teacher-forced phases count the {sum(real):.0f} real tokens of the {B * (P + T)} padded positions; "
+          f"on every padded position the step would be {padded / 1e9:.1f} GFLOP)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"size": args.size, "lora_r": args.lora_r, "threads": torch.get_num_threads(),
                                               "median_s": med, "step_s": step_s, "tokens_per_s": tokens / step_s,
-                                              "flops": flops, "matmul_gflops": {"full": rate_full, "decode": rate_decode},
+                                              "flops": flops, "padded_flops": padded, "matmul_gflops": {"full": rate_full, "decode": rate_decode},
                                               "floor_s": floor, "steps": clock.steps, "shapes": shapes}, indent=1))
     if args.torch_profile:
         torch_profile_one_step(bench.rlhfkit_ppo_flags(models, data, work / args.size / "profile-torch", 2, lr, 0,

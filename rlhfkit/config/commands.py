@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional
 
-from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError
 
 
@@ -87,6 +87,7 @@ class RMConfig:
     data: DataArgs = field(default_factory=DataArgs)
     reward: RewardArgs = field(default_factory=RewardArgs)
     optim: OptimArgs = field(default_factory=OptimArgs)
+    packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:
@@ -147,10 +148,6 @@ class PPOArgs:
     """Name of a built-in task judge (e.g. 'support') to log reward/gold on --eval-data prompts."""
     gold_steps: int = 10
     """Log reward/gold every N steps (when --gold-judge is set)."""
-    pack_sequences: bool = True
-    """Run the log-prob/value/reference passes and PPO updates on packed rows (several sequences per row,
-block-diagonal attention) instead of padded ones: same results, fewer positions. Applies to GPT-2, Llama,
-Qwen2, GPT-NeoX with sdpa/eager attention, for batches where it is estimated cheaper; false: always padded."""
 
 
 @dataclass
@@ -162,6 +159,7 @@ class PPOConfig:
     ppo: PPOArgs = field(default_factory=PPOArgs)
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-5, batch_size=16, max_steps=100))
+    packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:

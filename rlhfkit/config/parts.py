@@ -91,6 +91,14 @@ class RunArgs:
 
 
 @dataclass
+class PackingArgs:
+    pack_sequences: bool = True
+    """Run teacher-forced passes (forward/backward, log-probs, values, reward scores) on packed rows: several
+sequences per row with block-diagonal attention instead of padding; same results, fewer positions. For GPT-2,
+Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on batches where it is estimated cheaper; false: padded."""
+
+
+@dataclass
 class GenerationArgs:
     max_new_tokens: int = 32
     """Most tokens sampled per response; sampling stops early at EOS."""

@@ -30,6 +30,7 @@ from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
 from rlhfkit.models.kernels import fuse_activations
 from rlhfkit.models.loading import check_model_dir, load_reward_model, load_tokenizer
+from rlhfkit.models.packing import can_pack, pack
 from rlhfkit.training.batches import chunks
 
 STATS_FILE = "reward_stats.json"
@@ -76,27 +77,35 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
     return model
 
 
-def sequence_scores(model, batch: SequenceBatch) -> torch.Tensor:
-    """``[B]`` float32 reward of each right-padded prompt + response row (carries the gradient)."""
+def sequence_scores(model, batch: SequenceBatch, pack_rows: bool = True) -> torch.Tensor:
+    """``[B]`` float32 reward of each right-padded prompt + response row (carries the gradient).
+    ``pack_rows``: run a decoder on packed rows where that is cheaper (``rlhfkit.models.packing``)."""
     inner = _unwrap(model)
     if is_encoder(inner):
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0].float()
+    packed = pack(inner, batch.input_ids, batch.attention_mask, inner.config.pad_token_id or 0) \
+        if pack_rows and can_pack(inner) else None
     captured: list[torch.Tensor] = []
     handle = inner.score.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:
-        model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        if packed is None:
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        else:
+            model(input_ids=packed.input_ids, attention_mask=packed.mask_for(inner), position_ids=packed.position_ids)
     finally:
         handle.remove()
-    per_position = captured[-1][..., 0]  # [B, L]: the head applied at every position
-    rows = torch.arange(per_position.shape[0], device=per_position.device)
-    return per_position[rows, batch.last_token_index()].float()
+    per_position = captured[-1][..., 0]  # [B, L] (or [R, C] packed): the head applied at every position
+    last = batch.last_token_index()  # [B]
+    rows = torch.arange(len(last), device=last.device)
+    if packed is not None:
+        return per_position.reshape(-1)[packed.index[rows, last]].float()
+    return per_position[rows, last].float()
 
 
 @torch.no_grad()
-def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, device) -> torch.Tensor:
-    """``[N]`` scores of encoded rows, in order; rows are batched by length to waste little padding.
-
-    Eval mode is set for the pass and the previous mode restored.
+def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, device, pack_rows: bool = True) -> torch.Tensor:
+    """``[N]`` scores of encoded rows, in order; rows are batched by length to waste little padding
+    (and packed, see ``sequence_scores``). Eval mode is set for the pass and the previous mode restored.
     """
     was_training = model.training
     model.eval()
@@ -104,7 +113,7 @@ def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, dev
     out = torch.empty(len(items), dtype=torch.float32)
     for idx in chunks(order, batch_size):
         batch = collate_pairs([items[i] for i in idx], pad_id).to(device)
-        out[idx] = sequence_scores(model, batch).cpu()
+        out[idx] = sequence_scores(model, batch, pack_rows).cpu()
     model.train(was_training)
     return out
 
@@ -164,11 +173,13 @@ class RewardScorer:
         ensemble), or None when the directory has none
     conservative_k: the k of ``ScoreOutput.conservative`` chosen at training time (1.0 if unknown)
     max_length, max_prompt_length: truncation of prompt + response (the lengths used in training)
+    pack: score on packed rows where that is cheaper (``sequence_scores``); the same scores either way
     """
 
     def __init__(self, members: list[_Member], device, stats: dict | None = None, conservative_k: float = 1.0,
-                 max_length: int | None = None, max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH):
+                 max_length: int | None = None, max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH, pack: bool = True):
         self.members = members
+        self.pack = pack
         self.device = torch.device(device)
         self.stats = stats
         self.conservative_k = conservative_k
@@ -176,7 +187,7 @@ class RewardScorer:
         self.max_prompt_length = max_prompt_length
 
     @classmethod
-    def load(cls, path: str, device, trust_remote_code: bool = False) -> "RewardScorer":
+    def load(cls, path: str, device, trust_remote_code: bool = False, pack: bool = True) -> "RewardScorer":
         """Load a reward-model directory, or an ensemble directory (one with ``ensemble.json``)."""
         root = Path(path)
         ensemble = _read_json(root / ENSEMBLE_FILE) if root.is_dir() else None
@@ -193,7 +204,8 @@ class RewardScorer:
         if stats is not None:
             stats = {"mean": float(stats["mean"]), "std": float(stats["std"])}
         k = float(ensemble.get("conservative_k", 1.0)) if ensemble is not None else 1.0
-        return cls(members, device, stats, k, own.get("max_length"), own.get("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH))
+        return cls(members, device, stats, k, own.get("max_length"), own.get("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
+                   pack)
 
     @property
     def is_ensemble(self) -> bool:
@@ -216,7 +228,7 @@ class RewardScorer:
         for m in self.members:
             items = [encode_pair(m.tokenizer, p, r, self.max_length, self.max_prompt_length, add_eos=done)
                      for p, r, done in zip(prompts, responses, finished)]
-            rows.append(score_encoded(m.model, items, m.tokenizer.pad_token_id, batch_size, self.device))
+            rows.append(score_encoded(m.model, items, m.tokenizer.pad_token_id, batch_size, self.device, self.pack))
         return torch.stack(rows).to(self.device)
 
     def score(self, prompts: list[Text], responses: list[Text], batch_size: int = 32,

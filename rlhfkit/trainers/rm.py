@@ -87,15 +87,15 @@ def preference_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.
     return loss
 
 
-def pair_scores(model, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(model, batch: PairBatch, pack_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``([B], [B])`` chosen and rejected scores from one forward pass over the [2B, L] batch."""
-    return sequence_scores(model, batch.seqs).chunk(2)
+    return sequence_scores(model, batch.seqs, pack_rows).chunk(2)
 
 
 @torch.no_grad()
-def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device) -> dict[str, float]:
-    chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device)
-    rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device)
+def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_rows: bool = True) -> dict[str, float]:
+    chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device, pack_rows)
+    rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device, pack_rows)
     margin = torch.tensor(pairs.margin)
     return {"eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
             "eval/accuracy": float(preference_accuracy(chosen, rejected))}
@@ -159,6 +159,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     model.train()
 
     # 3. The loop.
+    packs = cfg.packing.pack_sequences
     metrics: dict[str, float] = {}
     for step in range(session.start_step + 1, steps + 1):
         micro = [collate(train_pairs, idx, pad_id) for idx in step_indices(stream, cfg.optim, acc)]
@@ -166,7 +167,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
         step_pairs = float(acc.reduce(torch.tensor(float(sum(b.num_pairs for b in micro)), device=session.device), "sum"))
 
         def loss_fn(batch: PairBatch):
-            chosen, rejected = pair_scores(model, batch)
+            chosen, rejected = pair_scores(model, batch, packs)
             share = batch.num_pairs / step_pairs  # this micro-batch's share of the step's pairs
             # DDP averages gradients over processes; scale so the result is the mean over the global step.
             loss = preference_loss(chosen, rejected, batch.margin, center_coef) * share * acc.num_processes
@@ -184,7 +185,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
         metrics = {**stats, "reward/margin": stats["reward/chosen"] - stats["reward/rejected"],
                    "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
         if eval_pairs and session.eval_due(step, cfg.run.eval_steps):
-            metrics.update(evaluate(model, eval_pairs, pad_id, score_rows, session.device))
+            metrics.update(evaluate(model, eval_pairs, pad_id, score_rows, session.device, packs))
         session.end_step(step, cfg.run, metrics, t)
 
     # 4. Final model in Hugging Face format, then the score statistics PPO normalises with (written
@@ -193,8 +194,8 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     if session.is_main:
         model = acc.unwrap_model(model)
         save_pretrained(model, tokenizer, session.output_dir)
-        scores = torch.cat([score_encoded(model, train_pairs.chosen, pad_id, score_rows, session.device),
-                            score_encoded(model, train_pairs.rejected, pad_id, score_rows, session.device)])
+        scores = torch.cat([score_encoded(model, train_pairs.chosen, pad_id, score_rows, session.device, packs),
+                            score_encoded(model, train_pairs.rejected, pad_id, score_rows, session.device, packs)])
         stats = {**score_stats(scores), "max_length": cfg.data.max_length, "max_prompt_length": cfg.data.max_prompt_length}
         _write_json(session.output_dir / STATS_FILE, stats)
     session.close()
@@ -211,7 +212,7 @@ def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExam
             "conservative_k": cfg.reward.conservative_k}
     _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
-    scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code)
+    scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
     rows = 2 * cfg.optim.batch_size
     prompts = [ex.prompt for ex in train_examples]
     scores = torch.cat([scorer.member_scores(prompts, [ex.chosen for ex in train_examples], rows),

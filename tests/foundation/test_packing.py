@@ -130,3 +130,37 @@ def _bloom():
     from transformers import AutoModelForCausalLM, BloomConfig
 
     return AutoModelForCausalLM.from_config(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
+    """A decoder reward model read at each row's last real token (right-padded rows, as RM training and
+    scoring batch them): same scores and same gradients packed or padded."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlhfkit.data.collate import SequenceBatch
+    from rlhfkit.models.reward import sequence_scores
+
+    config = make_config(arch, VOCAB, EOS)
+    config.num_labels, config.pad_token_id = 1, PAD
+    torch.manual_seed(2)
+    rm = AutoModelForSequenceClassification.from_config(config).eval()
+    rng = random.Random(5)
+    lengths = [rng.randint(2, 20) for _ in range(9)]
+    ids = torch.full((9, max(lengths)), PAD)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(n)])
+        mask[i, :n] = 1
+    batch = SequenceBatch(ids, mask, mask)
+    assert pack(rm, ids, mask, PAD).input_ids.shape[0] < 9
+    scores, grads = [], []
+    for pack_rows in (False, True):
+        rm.zero_grad()
+        s = sequence_scores(rm, batch, pack_rows)
+        (s * torch.linspace(-1, 1, 9)).sum().backward()
+        scores.append(s.detach())
+        grads.append({n: w.grad.clone() for n, w in rm.named_parameters() if w.grad is not None})
+    assert torch.allclose(scores[0], scores[1], atol=2e-5)
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name

@@ -59,7 +59,7 @@ class PPOTrainer:
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
         models = [self.policy, self.ref_model, actor_critic.value_model and actor_critic.value_model.backbone]
-        self.packs = self.ppo.pack_sequences and all(can_pack(m) for m in models if m is not None)
+        self.packs = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
 
     @property
     def policy(self):
@@ -283,7 +283,8 @@ def train(cfg, scorer=None) -> dict:
     steps = cfg.optim.max_steps if cfg.optim.max_steps > 0 else opt.total_steps(cfg.optim, len(examples), cfg.optim.batch_size)
     session = open_session(cfg, cfg.run, steps, desc="ppo")
     if scorer is None:
-        scorer = RewardScorer.load(cfg.ppo.reward_model, session.device, cfg.model.trust_remote_code)
+        scorer = RewardScorer.load(cfg.ppo.reward_model, session.device, cfg.model.trust_remote_code,
+                                   pack=cfg.packing.pack_sequences)
     if ref_model is not None:
         ref_model.to(session.device)
     trainer = PPOTrainer(cfg, actor_critic, ref_model, scorer, tokenizer, session)

@@ -77,6 +77,25 @@ def test_packed_rows_keep_sequences_apart(always_pack):
         assert torch.equal(allowed[r] & (o[:, None] >= 0), same & torch.ones_like(same).tril())
 
 
+def test_packed_sequences_do_not_see_each_other(always_pack):
+    """Changing every token of one sequence leaves the packed outputs of all the others unchanged."""
+    policy = causal_lm("llama", "sdpa")
+    ids, mask, T = ragged_batch(6)
+    changed = ids.clone()
+    changed[3][mask[3].bool()] = (changed[3][mask[3].bool()] + 7) % (VOCAB - 2) + 2
+    packed = pack(policy, ids, mask, PAD)
+    assert packed.input_ids.shape[0] < ids.shape[0]
+    logits = []
+    for x in (ids, changed):
+        p = pack(policy, x, mask, PAD)
+        flat = policy(input_ids=p.input_ids, attention_mask=p.mask_for(policy), position_ids=p.position_ids).logits
+        logits.append(flat.reshape(-1, VOCAB)[p.index[mask.bool()]])  # real tokens, row by row
+    own = torch.zeros(int(mask.sum()), dtype=torch.bool)
+    own[int(mask[:3].sum()): int(mask[:4].sum())] = True
+    assert torch.equal(logits[0][~own], logits[1][~own])  # bit for bit: nothing crosses sequences
+    assert not torch.allclose(logits[0][own], logits[1][own])
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "gpt_neox"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_forward_equals_padded_forward(always_pack, arch, attn):

@@ -97,7 +97,9 @@ class PackedBatch:
         """Packed outputs ``[R, C, ...]`` -> the padded layout's columns ``start:stop``, ``[B, stop-start, ...]``.
         Padding positions get the value at flat position 0: finite, and masked by the caller."""
         flat = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-        return flat[self.index[:, start:stop]]
+        index = self.index[:, start:stop]
+        # index_select: its backward is one index_add (advanced indexing's is a slower index_put)
+        return flat.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[2:])
 
 
 def pack(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int = 0) -> PackedBatch | None:

@@ -198,6 +198,7 @@ class DPOConfig:
     data: DataArgs = field(default_factory=DataArgs)
     dpo: DPOArgs = field(default_factory=DPOArgs)
     optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=5e-6))
+    packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:

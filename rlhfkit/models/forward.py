@@ -9,13 +9,26 @@ from __future__ import annotations
 import torch
 
 from rlhfkit.data.collate import SequenceBatch
+from rlhfkit.models.packing import can_pack, pack
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 
 
-def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False):
+def next_token_logits(model, batch: SequenceBatch, pack_rows: bool = False) -> torch.Tensor:
+    """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each row. ``pack_rows``: run the model on packed
+    rows where that is cheaper (``rlhfkit.models.packing``; the same logits on every real position)."""
+    inner = getattr(model, "module", model)  # DDP wraps the model; packing reads the inner one's config
+    packed = pack(inner, batch.input_ids, batch.attention_mask) if pack_rows and can_pack(inner) else None
+    if packed is None:
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    out = model(input_ids=packed.input_ids, attention_mask=packed.mask_for(inner), position_ids=packed.position_ids)
+    return packed.gather(out.logits, 0, batch.input_ids.shape[1] - 1)
+
+
+def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
+                   pack_rows: bool = False):
     """Log-probs ``[B, L-1]`` of each next token, its mask ``[B, L-1]`` (1 on response tokens), and
     optionally the entropy ``[B, L-1]`` of the next-token distribution."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logits = next_token_logits(model, batch, pack_rows).float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = logprobs_from_logits(logits, batch.input_ids[:, 1:])
@@ -24,7 +37,7 @@ def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_e
     return logprobs, mask, entropy
 
 
-def sequence_logprobs(model, batch: SequenceBatch) -> torch.Tensor:
+def sequence_logprobs(model, batch: SequenceBatch, pack_rows: bool = False) -> torch.Tensor:
     """``[B]`` sum of log-probs over each row's response tokens (DPO's log pi(y|x))."""
-    logprobs, mask, _ = token_logprobs(model, batch)
+    logprobs, mask, _ = token_logprobs(model, batch, pack_rows=pack_rows)
     return (logprobs * mask).sum(dim=1)

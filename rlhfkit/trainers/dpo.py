@@ -68,8 +68,9 @@ class Reference:
     set; ``logps`` then looks rows up instead of running the model.
     """
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, pack_rows: bool = True):
         self.model: torch.nn.Module | None = model
+        self.pack_rows = pack_rows
         self.tables: dict[str, torch.Tensor] = {}
 
     def release(self) -> None:
@@ -80,7 +81,7 @@ class Reference:
     def forward(self, seqs: SequenceBatch) -> torch.Tensor:
         assert self.model is not None, "the reference model was released after precomputing"
         with adapters_off(self.model):
-            return sequence_logprobs(self.model, seqs)
+            return sequence_logprobs(self.model, seqs, self.pack_rows)
 
     def precompute(self, split: str, pairs: list[Pair], pad_id: int, batch_size: int, device, autocast) -> None:
         parts = []
@@ -123,13 +124,14 @@ def encode_all(tokenizer, examples, data_args) -> list[Pair]:
 
 
 @torch.no_grad()
-def evaluate(model, reference: Reference, pairs: list[Pair], pad_id: int, batch_size: int, args, device, autocast) -> dict[str, float]:
+def evaluate(model, reference: Reference, pairs: list[Pair], pad_id: int, batch_size: int, args, device, autocast,
+             pack_rows: bool = True) -> dict[str, float]:
     model.eval()
     totals = dict.fromkeys(METRICS, 0.0)
     for rows in chunks(list(range(len(pairs))), batch_size):
         batch = make_batch(pairs, rows, pad_id, device)
         with autocast():
-            _, sums = pair_losses(sequence_logprobs(model, batch.seqs), reference.logps(batch, "eval"), args)
+            _, sums = pair_losses(sequence_logprobs(model, batch.seqs, pack_rows), reference.logps(batch, "eval"), args)
         totals = {k: totals[k] + sums[k] for k in METRICS}
     model.train()
     return {f"eval/{k}": v / len(pairs) for k, v in totals.items()}
@@ -158,7 +160,7 @@ def train(cfg) -> dict:
     acc = session.accelerator
     t = prepare_trainables(session, model, cfg.optim, len(train_pairs), cfg.run.seed)
     model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
-    reference = Reference(acc.unwrap_model(model) if lora else frozen.to(session.device))
+    reference = Reference(acc.unwrap_model(model) if lora else frozen.to(session.device), cfg.packing.pack_sequences)
     del frozen  # `reference` holds the only handle, so releasing it frees the copy
     pad_id = tokenizer.pad_token_id
     model.train()
@@ -182,7 +184,7 @@ def train(cfg) -> dict:
         micro = [make_batch(train_pairs, rows, pad_id, session.device) for rows in step_indices(stream, cfg.optim, acc)]
 
         def loss_fn(batch: PairBatch):
-            policy_logps = sequence_logprobs(model, batch.seqs)  # [2B], one pass over chosen + rejected
+            policy_logps = sequence_logprobs(model, batch.seqs, cfg.packing.pack_sequences)  # [2B]: chosen + rejected
             losses, sums = pair_losses(policy_logps, reference.logps(batch, "train"), cfg.dpo)
             # DDP averages gradients over processes; scale so the result is the mean over the step's pairs.
             return losses.sum() * acc.num_processes / step_pairs, sums
@@ -198,7 +200,7 @@ def train(cfg) -> dict:
                    "time/step_s": time.perf_counter() - started}
         if eval_pairs and session.eval_due(step, cfg.run.eval_steps):
             metrics.update(evaluate(model, reference, eval_pairs, pad_id, cfg.optim.batch_size, cfg.dpo,
-                                    session.device, acc.autocast))
+                                    session.device, acc.autocast, cfg.packing.pack_sequences))
         session.end_step(step, cfg.run, metrics, t)
 
     # 6. Final model in Hugging Face format (LoRA: merged, and the adapter under adapter/).

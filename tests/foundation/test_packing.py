@@ -187,3 +187,32 @@ def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
     assert torch.allclose(scores[0], scores[1], atol=2e-5)
     for name, g in grads[0].items():
         assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
+    """DPO's log pi(y|x) of right-padded prompt + response rows: same sums and gradients packed or padded."""
+    from rlhfkit.data.collate import SequenceBatch
+    from rlhfkit.models.forward import sequence_logprobs
+
+    policy = causal_lm(arch, "sdpa")
+    rng = random.Random(7)
+    rows = [(rng.randint(1, 8), rng.randint(1, 12)) for _ in range(8)]  # (prompt, response) lengths
+    L = max(p + r for p, r in rows)
+    ids, mask, response = torch.full((8, L), PAD), torch.zeros(8, L, dtype=torch.long), torch.zeros(8, L, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        ids[i, :p + r] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(p + r)])
+        mask[i, :p + r] = 1
+        response[i, p:p + r] = 1
+    batch = SequenceBatch(ids, mask, response)
+    assert pack(policy, ids, mask, PAD).input_ids.shape[0] < 8
+    sums, grads = [], []
+    for pack_rows in (False, True):
+        policy.zero_grad()
+        s = sequence_logprobs(policy, batch, pack_rows)
+        (s * torch.linspace(-1, 1, 8)).sum().backward()
+        sums.append(s.detach())
+        grads.append({n: w.grad.clone() for n, w in policy.named_parameters() if w.grad is not None})
+    assert torch.allclose(sums[0], sums[1], atol=5e-5)
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name

@@ -58,7 +58,8 @@ class PPOTrainer:
         self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
-        models = [self.policy, self.ref_model, actor_critic.value_model and actor_critic.value_model.backbone]
+        value = actor_critic.value_model
+        models = [self.policy, self.ref_model, value.backbone if value is not None else None]
         self.packs = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
 
     @property

@@ -64,6 +64,7 @@ class SFTConfig:
     lora: LoraArgs = field(default_factory=LoraArgs)
     data: DataArgs = field(default_factory=DataArgs)
     optim: OptimArgs = field(default_factory=OptimArgs)
+    packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:

@@ -13,22 +13,22 @@ from rlhfkit.models.packing import can_pack, pack
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 
 
-def next_token_logits(model, batch: SequenceBatch, pack_rows: bool = False) -> torch.Tensor:
-    """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each row. ``pack_rows``: run the model on packed
-    rows where that is cheaper (``rlhfkit.models.packing``; the same logits on every real position)."""
+def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack_rows: bool = False) -> torch.Tensor:
+    """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each (right-padded) row. ``pack_rows``: run the model
+    on packed rows where that is cheaper (``rlhfkit.models.packing``; the same logits on every real position)."""
     inner = getattr(model, "module", model)  # DDP wraps the model; packing reads the inner one's config
-    packed = pack(inner, batch.input_ids, batch.attention_mask) if pack_rows and can_pack(inner) else None
+    packed = pack(inner, input_ids, attention_mask) if pack_rows and can_pack(inner) else None
     if packed is None:
-        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     out = model(input_ids=packed.input_ids, attention_mask=packed.mask_for(inner), position_ids=packed.position_ids)
-    return packed.gather(out.logits, 0, batch.input_ids.shape[1] - 1)
+    return packed.gather(out.logits, 0, input_ids.shape[1] - 1)
 
 
 def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
                    pack_rows: bool = False):
     """Log-probs ``[B, L-1]`` of each next token, its mask ``[B, L-1]`` (1 on response tokens), and
     optionally the entropy ``[B, L-1]`` of the next-token distribution."""
-    logits = next_token_logits(model, batch, pack_rows).float()
+    logits = next_token_logits(model, batch.input_ids, batch.attention_mask, pack_rows).float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = logprobs_from_logits(logits, batch.input_ids[:, 1:])

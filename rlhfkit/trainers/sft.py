@@ -16,6 +16,7 @@ from rlhfkit.data.collate import collate_sft
 from rlhfkit.data.encode import IGNORE_INDEX, encode_sft
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
+from rlhfkit.models.forward import next_token_logits
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.training import optim as opt
@@ -23,11 +24,12 @@ from rlhfkit.training.batches import chunks, step_indices
 from rlhfkit.training.session import open_session, prepare_trainables
 
 
-def token_loss_sum(model, batch: dict) -> tuple[torch.Tensor, int]:
-    """Sum of next-token cross-entropy over labelled tokens, and their count."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+def token_loss_sum(model, batch: dict, pack_rows: bool = False) -> tuple[torch.Tensor, int]:
+    """Sum of next-token cross-entropy over labelled tokens, and their count (``pack_rows``: see
+    ``next_token_logits``)."""
+    logits = next_token_logits(model, batch["input_ids"], batch["attention_mask"], pack_rows)  # [B, L-1, V]
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, int((labels != IGNORE_INDEX).sum())
 
 
@@ -47,12 +49,12 @@ def encode_all(tokenizer, examples, data_args, path: str) -> list:
 
 
 @torch.no_grad()
-def evaluate(model, items, pad_id: int, batch_size: int, device) -> float:
+def evaluate(model, items, pad_id: int, batch_size: int, device, pack_rows: bool = False) -> float:
     model.eval()
     total, count = 0.0, 0
     for chunk in chunks(items, batch_size):
         batch = {k: v.to(device) for k, v in collate_sft(chunk, pad_id).items()}
-        loss, n = token_loss_sum(model, batch)
+        loss, n = token_loss_sum(model, batch, pack_rows)
         total, count = total + float(loss), count + n
     model.train()
     return total / max(count, 1)
@@ -90,7 +92,7 @@ def train(cfg) -> dict:
         step_tokens = float(acc.reduce(torch.tensor(float(local_tokens), device=session.device), "sum"))
 
         def loss_fn(batch):
-            loss_sum, _ = token_loss_sum(model, batch)
+            loss_sum, _ = token_loss_sum(model, batch, cfg.packing.pack_sequences)
             # DDP averages gradients over processes; scale so the result is the global token mean.
             loss = loss_sum * acc.num_processes / step_tokens
             return loss, {"loss": float(loss_sum.detach()) / step_tokens}
@@ -102,7 +104,8 @@ def train(cfg) -> dict:
             raise FloatingPointError(f"sft: the loss became {stats['loss']} at step {step}")
         metrics = {"loss": stats["loss"], "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
         if eval_items and session.eval_due(step, cfg.run.eval_steps):
-            metrics["eval/loss"] = evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device)
+            metrics["eval/loss"] = evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device,
+                                            cfg.packing.pack_sequences)
         session.end_step(step, cfg.run, metrics, t)
 
     # 5. Final model in Hugging Face format.

@@ -216,3 +216,42 @@ def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
     assert torch.allclose(sums[0], sums[1], atol=5e-5)
     for name, g in grads[0].items():
         assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+
+
+def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsys, tiny_model_dir):
+    """SFT's summed token loss (labels on completion tokens only): same value and gradients packed or padded,
+    and `rlhfkit sft` hands --pack-sequences to every training pass."""
+    from rlhfkit.data.collate import collate_sft
+    from rlhfkit.trainers import sft
+
+    policy = causal_lm("llama", "sdpa")
+    rng = random.Random(9)
+    items = []
+    for _ in range(8):
+        p, c = rng.randint(1, 8), rng.randint(1, 12)
+        ids = [rng.randrange(2, VOCAB) for _ in range(p + c)]
+        items.append((ids, [-100] * p + ids[p:]))
+    batch = collate_sft(items, PAD)
+    assert pack(policy, batch["input_ids"], batch["attention_mask"], PAD).input_ids.shape[0] < 8
+    results = []
+    for pack_rows in (False, True):
+        policy.zero_grad()
+        loss, n = sft.token_loss_sum(policy, batch, pack_rows)
+        loss.backward()
+        results.append((float(loss.detach()), n, {k: w.grad.clone() for k, w in policy.named_parameters() if w.grad is not None}))
+    (l0, n0, g0), (l1, n1, g1) = results
+    assert n0 == n1 and l0 == pytest.approx(l1, rel=1e-5)
+    for name, g in g0.items():
+        assert torch.allclose(g, g1[name], atol=2e-5, rtol=1e-4), name
+    # Wiring: two short runs, the option on (default) and off, reach every training and eval pass.
+    from .foundation_utils import run_cli, sft_args, sft_rows, write_jsonl
+
+    seen = []
+    real = sft.token_loss_sum
+    monkeypatch.setattr(sft, "token_loss_sum", lambda m, b, pack_rows: seen.append(pack_rows) or real(m, b, pack_rows))
+    data = write_jsonl(tmp_path / "d.jsonl", sft_rows(16))
+    for flag in ("true", "false"):
+        seen.clear()
+        code, _, _ = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / flag, max_steps=2, batch_size=4,
+                                               eval_data=data, eval_steps=2, pack_sequences=flag))
+        assert code == 0 and len(seen) >= 6 and set(seen) == {flag == "true"}

@@ -255,3 +255,25 @@ def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsy
         code, _, _ = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / flag, max_steps=2, batch_size=4,
                                                eval_data=data, eval_steps=2, pack_sequences=flag))
         assert code == 0 and len(seen) >= 6 and set(seen) == {flag == "true"}
+
+
+def test_packed_forward_through_lora_adapters(always_pack):
+    """The one-backbone LoRA mode: the PEFT-wrapped policy, and its reference (adapters off), packed or padded."""
+    from rlhfkit.config.parts import LoraArgs
+    from rlhfkit.models.lora import adapters_off, apply_lora
+
+    policy = apply_lora(causal_lm("gpt2", "sdpa"), LoraArgs(lora_r=4))
+    for name, w in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(w, std=0.05)  # adapters that change the outputs
+    assert can_pack(policy)
+    ids, mask, T = ragged_batch(8)
+    packed = pack(policy, ids, mask, PAD)
+    m = mask[:, -T:].float()
+    packed_lp = {}
+    for adapters in (True, False):
+        with (adapters_off(policy) if not adapters else torch.enable_grad()):
+            padded = reference_logprobs(policy, ids, mask, T) * m
+            packed_lp[adapters] = reference_logprobs(policy, ids, mask, T, packed=packed) * m
+        assert torch.allclose(padded, packed_lp[adapters], atol=2e-5), adapters
+    assert not torch.allclose(packed_lp[True], packed_lp[False], atol=1e-3)  # the adapters do change the policy

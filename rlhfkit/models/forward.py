@@ -20,7 +20,7 @@ def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     packed = pack(inner, input_ids, attention_mask) if pack_rows and can_pack(inner) else None
     if packed is None:
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    out = model(input_ids=packed.input_ids, attention_mask=packed.mask_for(inner), position_ids=packed.position_ids)
+    out = model(**packed.model_inputs(inner))
     return packed.gather(out.logits, 0, input_ids.shape[1] - 1)
 
 

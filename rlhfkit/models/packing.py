@@ -101,6 +101,10 @@ class PackedBatch:
                 ~self.allowed, torch.finfo(torch.float32).min)
         return self.allowed
 
+    def model_inputs(self, model) -> dict[str, torch.Tensor]:
+        """Keyword arguments that run ``model`` (a causal LM, a backbone, a classifier) on the packed rows."""
+        return {"input_ids": self.input_ids, "attention_mask": self.mask_for(model), "position_ids": self.position_ids}
+
     def gather(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Packed outputs ``[R, C, ...]`` -> the padded layout's columns ``start:stop``, ``[B, stop-start, ...]``.
         Padding positions get the value at flat position 0: finite, and masked by the caller."""

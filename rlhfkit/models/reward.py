@@ -91,7 +91,7 @@ def sequence_scores(model, batch: SequenceBatch, pack_rows: bool = True) -> torc
         if packed is None:
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         else:
-            model(input_ids=packed.input_ids, attention_mask=packed.mask_for(inner), position_ids=packed.position_ids)
+            model(**packed.model_inputs(inner))
     finally:
         handle.remove()
     per_position = captured[-1][..., 0]  # [B, L] (or [R, C] packed): the head applied at every position

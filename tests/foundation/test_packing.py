@@ -87,7 +87,7 @@ def test_packed_sequences_do_not_see_each_other(always_pack):
     def real_logits(x):
         p = pack(policy, x, mask, PAD)
         assert p.input_ids.shape[0] < x.shape[0]
-        flat = policy(input_ids=p.input_ids, attention_mask=p.mask_for(policy), position_ids=p.position_ids).logits
+        flat = policy(**p.model_inputs(policy)).logits
         return flat.reshape(-1, VOCAB)[p.index[real]]  # [N, V] real tokens, sequence by sequence
 
     base = real_logits(ids)

@@ -32,8 +32,7 @@ def response_logits(model, input_ids, attention_mask, n_response: int, hidden: b
     """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
     L = input_ids.shape[1]
     if packed is not None:
-        out = model(input_ids=packed.input_ids, attention_mask=packed.mask_for(model),
-                    position_ids=packed.position_ids, output_hidden_states=hidden)
+        out = model(**packed.model_inputs(model), output_hidden_states=hidden)
         logits = packed.gather(out.logits, L - n_response - 1, L - 1)
         states = packed.gather(out.hidden_states[-1], L - n_response - 1, L - 1) if hidden else None
         return logits, states
@@ -71,8 +70,7 @@ class SeparateValueModel(nn.Module):
     def forward(self, input_ids, attention_mask, n_response: int, packed: PackedBatch | None = None) -> torch.Tensor:
         if packed is not None:
             L = input_ids.shape[1]
-            out = self.backbone(input_ids=packed.input_ids, attention_mask=packed.mask_for(self.backbone),
-                                position_ids=packed.position_ids)
+            out = self.backbone(**packed.model_inputs(self.backbone))
             return self.score(packed.gather(out.last_hidden_state, L - n_response - 1, L - 1)).squeeze(-1)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
         return self.score(out.last_hidden_state[:, -(n_response + 1):-1]).squeeze(-1)

@@ -16,6 +16,12 @@ from rlhfkit.errors import UserError
 from rlhfkit.training.checkpoint import assert_finite
 
 
+def base_model(model):
+    """The Hugging Face model inside DDP / PEFT wrappers (the one whose config and forward are read)."""
+    model = getattr(model, "module", model)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
     """Wrap ``model`` with LoRA adapters of rank ``lora.lora_r``; only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model

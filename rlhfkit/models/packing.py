@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.models.lora import base_model
+
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
 MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
 # Attention costs ~ width / (SPAN_PER_HIDDEN * hidden) of a token's matmuls per position (fitted on the
@@ -34,8 +36,7 @@ def _row_width(loads: list[int]) -> int:
 
 
 def _config(model):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
-    return base.config
+    return base_model(model).config
 
 
 def can_pack(model) -> bool:

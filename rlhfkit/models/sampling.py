@@ -20,22 +20,17 @@ import inspect
 import torch
 
 from rlhfkit.data.collate import pad
+from rlhfkit.models.lora import base_model
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
     """EOS of the tokenizer plus any end-of-turn ids the model's generation config lists."""
     ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    configured = getattr(getattr(_base(model), "generation_config", None), "eos_token_id", None)
+    configured = getattr(getattr(base_model(model), "generation_config", None), "eos_token_id", None)
     for token in [configured] if isinstance(configured, int) else (configured or []):
         if token not in ids:
             ids.append(int(token))
     return ids
-
-
-def _base(model):
-    """The Hugging Face model inside DDP / PEFT wrappers (the one whose config and forward are read)."""
-    model = getattr(model, "module", model)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def ended_with_stop(responses: list[list[int]], stops: list[int]) -> list[bool]:
@@ -98,7 +93,7 @@ def sample_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def _forward_accepts(model, name: str) -> bool:
     """Whether the (unwrapped) model's forward takes ``name`` as a named argument."""
-    return name in inspect.signature(_base(model).forward).parameters
+    return name in inspect.signature(base_model(model).forward).parameters
 
 
 def _decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_args,
@@ -115,7 +110,7 @@ def _decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, genera
     g = generation_args
     batch = input_ids.shape[0]
     keep_last = {"logits_to_keep": 1} if _forward_accepts(model, "logits_to_keep") else {}
-    cache = DynamicCache(config=_base(model).config)
+    cache = DynamicCache(config=base_model(model).config)
     stop_ids = torch.tensor(stops, dtype=torch.long, device=input_ids.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # [B]
     step_ids, positions = input_ids, (attention_mask.cumsum(1) - 1).clamp(min=0)  # [B, P]; padding -> 0
@@ -143,7 +138,7 @@ def _generate(model, input_ids, attention_mask, generation_args, stops: list[int
     position ids): ``model.generate`` with the model's own sampling defaults swapped out. [B, T] ids."""
     from transformers import GenerationConfig
 
-    g, base = generation_args, _base(model)
+    g, base = generation_args, base_model(model)
     saved = base.generation_config
     # generate() fills every unset option from model.generation_config, so a neutral one is swapped in.
     base.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad_id, bos_token_id=saved.bos_token_id,
@@ -160,7 +155,7 @@ def _generate(model, input_ids, attention_mask, generation_args, stops: list[int
 
 def _loop_supported(model) -> bool:
     """Whether ``_decode`` can drive the model: a decoder-only forward with a KV cache and position ids."""
-    return not _base(model).config.is_encoder_decoder and all(
+    return not base_model(model).config.is_encoder_decoder and all(
         _forward_accepts(model, name) for name in ("past_key_values", "position_ids", "attention_mask"))
 
 

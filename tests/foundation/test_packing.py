@@ -44,6 +44,24 @@ def always_pack(monkeypatch):
     monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)
 
 
+def padded_then_packed(model, run) -> list[tuple[torch.Tensor, dict]]:
+    """``run(pack_rows)`` -> output ``[N]`` (or a scalar); each way, backpropagate a fixed weighting of it and
+    return (output, gradient of every weight): ``[padded, packed]``."""
+    results = []
+    for pack_rows in (False, True):
+        model.zero_grad()
+        out = run(pack_rows)
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        results.append((out.detach(), {n: w.grad.clone() for n, w in model.named_parameters() if w.grad is not None}))
+    return results
+
+
+def assert_same_gradients(results) -> None:
+    (_, padded), (_, packed) = results
+    for name, g in padded.items():
+        assert torch.allclose(g, packed[name], atol=2e-5, rtol=1e-4), name
+
+
 def test_plan_places_every_sequence_once_and_saves_positions():
     rng = random.Random(0)
     for _ in range(50):
@@ -177,16 +195,9 @@ def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
         mask[i, :n] = 1
     batch = SequenceBatch(ids, mask, mask)
     assert pack(rm, ids, mask, PAD).input_ids.shape[0] < 9
-    scores, grads = [], []
-    for pack_rows in (False, True):
-        rm.zero_grad()
-        s = sequence_scores(rm, batch, pack_rows)
-        (s * torch.linspace(-1, 1, 9)).sum().backward()
-        scores.append(s.detach())
-        grads.append({n: w.grad.clone() for n, w in rm.named_parameters() if w.grad is not None})
-    assert torch.allclose(scores[0], scores[1], atol=2e-5)
-    for name, g in grads[0].items():
-        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+    results = padded_then_packed(rm, lambda pack_rows: sequence_scores(rm, batch, pack_rows))
+    assert torch.allclose(results[0][0], results[1][0], atol=2e-5)
+    assert_same_gradients(results)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
@@ -206,16 +217,9 @@ def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
         response[i, p:p + r] = 1
     batch = SequenceBatch(ids, mask, response)
     assert pack(policy, ids, mask, PAD).input_ids.shape[0] < 8
-    sums, grads = [], []
-    for pack_rows in (False, True):
-        policy.zero_grad()
-        s = sequence_logprobs(policy, batch, pack_rows)
-        (s * torch.linspace(-1, 1, 8)).sum().backward()
-        sums.append(s.detach())
-        grads.append({n: w.grad.clone() for n, w in policy.named_parameters() if w.grad is not None})
-    assert torch.allclose(sums[0], sums[1], atol=5e-5)
-    for name, g in grads[0].items():
-        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+    results = padded_then_packed(policy, lambda pack_rows: sequence_logprobs(policy, batch, pack_rows))
+    assert torch.allclose(results[0][0], results[1][0], atol=5e-5)
+    assert_same_gradients(results)
 
 
 def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsys, tiny_model_dir):
@@ -233,16 +237,15 @@ def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsy
         items.append((ids, [-100] * p + ids[p:]))
     batch = collate_sft(items, PAD)
     assert pack(policy, batch["input_ids"], batch["attention_mask"], PAD).input_ids.shape[0] < 8
-    results = []
-    for pack_rows in (False, True):
-        policy.zero_grad()
-        loss, n = sft.token_loss_sum(policy, batch, pack_rows)
-        loss.backward()
-        results.append((float(loss.detach()), n, {k: w.grad.clone() for k, w in policy.named_parameters() if w.grad is not None}))
-    (l0, n0, g0), (l1, n1, g1) = results
-    assert n0 == n1 and l0 == pytest.approx(l1, rel=1e-5)
-    for name, g in g0.items():
-        assert torch.allclose(g, g1[name], atol=2e-5, rtol=1e-4), name
+    counts = {}
+
+    def loss(pack_rows: bool) -> torch.Tensor:
+        total, counts[pack_rows] = sft.token_loss_sum(policy, batch, pack_rows)
+        return total
+
+    results = padded_then_packed(policy, loss)
+    assert counts[False] == counts[True] and float(results[0][0]) == pytest.approx(float(results[1][0]), rel=1e-5)
+    assert_same_gradients(results)
     # Wiring: two short runs, the option on (default) and off, reach every training and eval pass.
     from .foundation_utils import run_cli, sft_args, sft_rows, write_jsonl
 

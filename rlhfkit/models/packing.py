@@ -25,14 +25,24 @@ MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
 # Attention costs ~ width / (SPAN_PER_HIDDEN * hidden) of a token's matmuls per position (fitted on the
 # benchmark's GPT-2 shapes with the CPU sdpa kernel; it only steers the choice of the row width).
 SPAN_PER_HIDDEN = 3
-# Rows are padded to a multiple of this width, so a run meets a handful of distinct shapes: CPU bf16 matmuls
-# (oneDNN) build and cache kernels per shape, and with exact widths a 20-step bf16 PPO run on the benchmark's
-# small model held ~150 MB more memory (and spent time building kernels); fp32 speed is unchanged.
+# In 16-bit compute, rows are padded to a multiple of this width, so a run meets a handful of distinct shapes:
+# CPU bf16 matmuls (oneDNN) build and cache kernels per shape, and with exact widths a 20-step bf16 PPO run on
+# the benchmark's small model held ~150 MB more memory (and spent time building kernels); GPU tensor cores
+# also favour multiples of 8. fp32 matmuls keep no per-shape state, so fp32 rows are exactly as wide as their
+# longest load: the rounding cost the benchmark's small PPO step up to 7% more positions (704 vs 656).
 ROW_MULTIPLE = 8
 
 
-def _row_width(loads: list[int]) -> int:
-    return -(-max(loads) // ROW_MULTIPLE) * ROW_MULTIPLE
+def row_multiple(model, device: torch.device) -> int:
+    """``ROW_MULTIPLE`` when ``model`` computes in 16-bit floats here (autocast on, or 16-bit weights), else 1."""
+    if torch.is_autocast_enabled(device.type):
+        return ROW_MULTIPLE
+    weight = next(base_model(model).parameters(), None)
+    return ROW_MULTIPLE if weight is not None and weight.dtype in (torch.float16, torch.bfloat16) else 1
+
+
+def _row_width(loads: list[int], multiple: int) -> int:
+    return -(-max(loads) // multiple) * multiple
 
 
 def _config(model):
@@ -61,11 +71,11 @@ def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
-def plan_rows(lengths: list[int], padded_width: int, hidden_size: int) -> list[list[int]] | None:
+def plan_rows(lengths: list[int], padded_width: int, hidden_size: int, multiple: int = 1) -> list[list[int]] | None:
     """Rows of sequence indices for packing, or None when the padded batch is as cheap.
 
     ``lengths``: real tokens of each sequence; ``padded_width``: the padded batch's width. Cost of a layout
-    with R rows of width C (rounded up to ROW_MULTIPLE): ``R * C * (1 + C / span)``, span = SPAN_PER_HIDDEN x
+    with R rows of width C (rounded up to ``multiple``): ``R * C * (1 + C / span)``, span = SPAN_PER_HIDDEN x
     hidden size (matmuls per position plus attention per pair of positions). Tries ~33 widths from the longest sequence to twice it
     and wider ones that fill 1, 2, ... rows evenly, each packed first-fit decreasing."""
     longest, total, span = max(lengths), sum(lengths), SPAN_PER_HIDDEN * hidden_size
@@ -80,7 +90,7 @@ def plan_rows(lengths: list[int], padded_width: int, hidden_size: int) -> list[l
     best, best_cost = None, padded * (1.0 - MIN_SAVING)
     for capacity in sorted(w for w in widths if w >= longest):
         rows = _first_fit_decreasing(lengths, capacity)
-        width = _row_width([sum(lengths[i] for i in row) for row in rows])
+        width = _row_width([sum(lengths[i] for i in row) for row in rows], multiple)
         if cost(len(rows), width) < best_cost:
             best, best_cost = rows, cost(len(rows), width)
     return best
@@ -119,6 +129,7 @@ def pack(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: i
     """Pack a padded batch for ``model`` (see ``can_pack``), or None when packing would not pay off.
 
     ``input_ids``, ``attention_mask``: ``[B, L]``; the real tokens of a row are those with mask 1, in order.
+    Call it where the model will run (inside its autocast context): the row width depends on the precision.
     Position ids in the packed rows count real tokens, as ``(mask.cumsum(1) - 1)`` does in the padded batch."""
     config = _config(model)
     mask = attention_mask.bool()
@@ -126,11 +137,12 @@ def pack(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: i
     window = getattr(config, "sliding_window", None)
     if min(lengths) == 0 or (window and getattr(config, "use_sliding_window", True) and max(lengths) > window):
         return None  # an empty row has no token to pack; a sliding window must not cut a sequence
-    rows = plan_rows(lengths, mask.shape[1], config.hidden_size)
+    device, B = input_ids.device, len(lengths)
+    multiple = row_multiple(model, device)
+    rows = plan_rows(lengths, mask.shape[1], config.hidden_size, multiple)
     if rows is None:
         return None
-    device, B = input_ids.device, len(lengths)
-    width = _row_width([sum(lengths[i] for i in row) for row in rows])
+    width = _row_width([sum(lengths[i] for i in row) for row in rows], multiple)
     # Start of each sequence in the flat [R * C] layout.
     start = [0] * B
     for r, row in enumerate(rows):

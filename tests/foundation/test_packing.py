@@ -77,6 +77,26 @@ def test_plan_places_every_sequence_once_and_saves_positions():
     assert rows is not None and len(rows) < 8
 
 
+def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
+    """fp32 rows are as wide as their longest load (no wasted positions); in 16-bit compute (autocast or
+    16-bit weights) they are rounded up to ROW_MULTIPLE, so a run meets only a few distinct shapes."""
+    ids, mask, _ = ragged_batch(3, rows=9)
+    policy = causal_lm("gpt2", "sdpa")
+
+    def widths(model):
+        p = pack(model, ids, mask, PAD)
+        loads = torch.zeros(p.input_ids.numel(), dtype=torch.long)
+        loads[p.index[mask.bool()]] = 1
+        return p.input_ids.shape[1], int(loads.view(p.input_ids.shape).sum(1).max())
+
+    width, longest = widths(policy)
+    assert width == longest and width % packing.ROW_MULTIPLE != 0  # this batch's longest load is not a multiple of 8
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        width16, longest16 = widths(policy)
+    assert width16 % packing.ROW_MULTIPLE == 0 and longest16 <= width16 < longest16 + packing.ROW_MULTIPLE
+    assert widths(policy.to(torch.bfloat16))[0] % packing.ROW_MULTIPLE == 0
+
+
 def test_packed_rows_keep_sequences_apart(always_pack):
     ids, mask, T = ragged_batch(1)
     packed = pack(causal_lm("gpt2", "sdpa"), ids, mask, PAD)

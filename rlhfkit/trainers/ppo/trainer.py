@@ -105,9 +105,9 @@ class PPOTrainer:
         input_ids = torch.cat([query_ids, response_ids], 1)
         attn = torch.cat([query_mask, response_mask], 1)
         T = response_ids.shape[1]
-        packed = self.packed(input_ids, attn)
         first_pass = None
         with self.acc.autocast():
+            packed = self.packed(input_ids, attn)
             if self.reuses_first_pass:
                 self.ac.train()
                 with torch.enable_grad():

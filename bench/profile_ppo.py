@@ -22,7 +22,8 @@ this script builds them) and times rlhfkit's own functions by wrapping them (not
   loop overhead       outside ppo_step, between steps (logging, TensorBoard, samples)
 
 The floor: the step's matmul FLOPs (formula in `step_flops`) divided by the matmul rate measured here at the
-model's shapes (`measure_matmul_rate`): decode shapes (B rows) for generation, full-sequence shapes for the rest.
+model's shapes (`measure_matmul_rate`, through the path rlhfkit's linear layers take: oneDNN for fp32 on CPU):
+decode shapes (B rows) for generation, full-sequence shapes for the rest.
 The teacher-forced phases count real tokens only (padding is not work the math needs; packing removes most of it).
 """
 
@@ -185,19 +186,27 @@ def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: boo
     }
 
 
-def measure_matmul_rate(s: dict, rows: int, repeats: int = 20) -> float:
-    """GFLOP/s of the model's matmuls (qkv, out, MLP up/down, LM head) on ``rows`` token rows, current threads."""
+def measure_matmul_rate(s: dict, rows: int, repeats: int = 20, default_path: bool = False) -> float:
+    """GFLOP/s of the model's matmuls (qkv, out, MLP up/down, LM head) on ``rows`` token rows, current threads,
+    through the path rlhfkit's linear layers take (oneDNN for fp32 on CPU where available: models/kernels.py),
+    or with ``default_path`` through torch.matmul (MKL on x86)."""
+    from rlhfkit.models.kernels import linear_matmul
+
+    def product(a, b):
+        out = None if default_path else linear_matmul(a, b, None)
+        return torch.matmul(a, b) if out is None else out
+
     d, ff, v = s["d"], s["ff"], s["vocab"]
     shapes = [(d, d + 2 * s["kv"]), (d, d), (d, ff), (ff, d), (d, v)]
     mats = [(torch.randn(rows, k), torch.randn(k, n)) for k, n in shapes]
     flops = sum(2 * rows * k * n for k, n in shapes)
     for a, b in mats:  # warm-up
-        a @ b
+        product(a, b)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for a, b in mats:
-            torch.matmul(a, b)
+            product(a, b)
         times.append(time.perf_counter() - t0)
     return flops / statistics.median(times) / 1e9
 
@@ -290,7 +299,9 @@ def main(argv: list[str] | None = None) -> None:
         label = ("  " + k) if k in CHILDREN else k
         print(f"{label:<22} {med[k]:>9.4f} {med[k] / step_s:>7.1%}")
     print(f"{'step (wall)':<22} {step_s:>9.4f} {'':>7}   {tokens / step_s:.0f} generated tokens/s")
-    print(f"\nfloor: matmul rate here {rate_full:.1f} GFLOP/s at {B * (P + T)} rows, {rate_decode:.1f} GFLOP/s at {B} rows (decode)")
+    rate_default = measure_matmul_rate(shapes, B * (P + T), default_path=True)
+    print(f"\nfloor: matmul rate here {rate_full:.1f} GFLOP/s at {B * (P + T)} rows, {rate_decode:.1f} GFLOP/s at {B} rows (decode); "
+          f"torch.matmul's default path {rate_default:.1f} GFLOP/s at {B * (P + T)} rows")
     print(f"{'phase':<22} {'GFLOP':>9} {'floor s':>9} {'measured s':>11} {'x floor':>8}")
     for k in flops:
         print(f"{k:<22} {flops[k] / 1e9:>9.3f} {floor[k]:>9.4f} {measured_phase[k]:>11.4f} {measured_phase[k] / floor[k]:>8.1f}")
@@ -302,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"size": args.size, "lora_r": args.lora_r, "threads": torch.get_num_threads(),
                                               "median_s": med, "step_s": step_s, "tokens_per_s": tokens / step_s,
-                                              "flops": flops, "padded_flops": padded, "matmul_gflops": {"full": rate_full, "decode": rate_decode},
+                                              "flops": flops, "padded_flops": padded, "matmul_gflops": {"full": rate_full, "decode": rate_decode, "full_default_path": rate_default},
                                               "floor_s": floor, "steps": clock.steps, "shapes": shapes}, indent=1))
     if args.torch_profile:
         torch_profile_one_step(bench.rlhfkit_ppo_flags(models, data, work / args.size / "profile-torch", 2, lr, 0,

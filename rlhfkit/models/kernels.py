@@ -173,3 +173,9 @@ def fast_linears(model: nn.Module) -> int:
             module.__class__ = new
             changed += 1
     return changed
+
+
+def use_fast_kernels(model: nn.Module) -> None:
+    """The swaps applied to every model rlhfkit loads: fused tanh-GELU and the oneDNN fp32 CPU linears."""
+    fuse_activations(model)
+    fast_linears(model)

@@ -53,7 +53,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
 
 
 def _load(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
-    from rlhfkit.models.kernels import fast_linears, fuse_activations
+    from rlhfkit.models.kernels import use_fast_kernels
 
     check_model_dir(path, what)
     try:
@@ -61,8 +61,7 @@ def _load(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
                                          local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
-    fuse_activations(model)
-    fast_linears(model)
+    use_fast_kernels(model)
     return model
 
 

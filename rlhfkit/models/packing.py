@@ -28,8 +28,10 @@ SPAN_PER_HIDDEN = 3
 # In 16-bit compute, rows are padded to a multiple of this width, so a run meets a handful of distinct shapes:
 # CPU bf16 matmuls (oneDNN) build and cache kernels per shape, and with exact widths a 20-step bf16 PPO run on
 # the benchmark's small model held ~150 MB more memory (and spent time building kernels); GPU tensor cores
-# also favour multiples of 8. fp32 matmuls keep no per-shape state, so fp32 rows are exactly as wide as their
-# longest load: the rounding cost the benchmark's small PPO step up to 7% more positions (704 vs 656).
+# also favour multiples of 8. In fp32 the linear layers bound their own shapes (rlhfkit.models.kernels pads the
+# row count of each product to one of 8 sizes per power of two), so fp32 rows are exactly as wide as their
+# longest load: attention and the elementwise work see only those positions (the rounding had cost the
+# benchmark's small PPO step up to 7% more, 704 vs 656; the matmuls' own padding may take some of that back).
 ROW_MULTIPLE = 8
 
 

@@ -28,7 +28,7 @@ from rlhfkit.data.collate import SequenceBatch, collate_pairs
 from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
-from rlhfkit.models.kernels import fast_linears, fuse_activations
+from rlhfkit.models.kernels import use_fast_kernels
 from rlhfkit.models.loading import check_model_dir, load_reward_model, load_tokenizer
 from rlhfkit.models.packing import can_pack, pack
 from rlhfkit.training.batches import chunks
@@ -73,8 +73,7 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
     if len(tokenizer) > vocab:
         raise UserError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only {vocab}")
     model.config.pad_token_id = tokenizer.pad_token_id  # batches > 1 need it; our scores do not depend on it
-    fuse_activations(model)
-    fast_linears(model)
+    use_fast_kernels(model)
     return model
 
 

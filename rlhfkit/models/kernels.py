@@ -100,22 +100,23 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 class _OneDNNMatmul(torch.autograd.Function):
     """``y = x @ b + bias`` on 2-D ``x [M, K]``, ``b [K, N]``, rows padded to ``padded_rows(M)``; its backward
-    uses the same kernels (dx = g @ bᵀ, db = xᵀ @ g: the zero rows add nothing)."""
+    uses the same kernels (dx = g @ bᵀ, db = xᵀ @ g: the zero rows add nothing). The unpadded ``x`` is what
+    is kept for backward (and padded again there): the padded copy would hold up to 1/8 more activation
+    memory until backward (+14 MB of 160 on the small benchmark model's forward)."""
 
     @staticmethod
     def forward(ctx, x, b, bias):
         m, rows = x.shape[0], padded_rows(x.shape[0])
-        xp = _pad_rows(x, rows)
-        ctx.save_for_backward(xp, b)
-        ctx.m, ctx.has_bias = m, bias is not None
-        return _mm(xp, b, bias)[:m]
+        ctx.save_for_backward(x, b)
+        ctx.rows, ctx.has_bias = rows, bias is not None
+        return _mm(_pad_rows(x, rows), b, bias)[:m]
 
     @staticmethod
     def backward(ctx, grad):
-        xp, b = ctx.saved_tensors
-        gp = _pad_rows(grad.contiguous(), xp.shape[0])
-        dx = _mm(gp, b.t())[: ctx.m] if ctx.needs_input_grad[0] else None
-        db = _mm(xp.t(), gp) if ctx.needs_input_grad[1] else None
+        x, b = ctx.saved_tensors
+        gp = _pad_rows(grad.contiguous(), ctx.rows)
+        dx = _mm(gp, b.t())[: x.shape[0]] if ctx.needs_input_grad[0] else None
+        db = _mm(_pad_rows(x, ctx.rows).t(), gp) if ctx.needs_input_grad[1] else None
         dbias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, db, dbias
 

@@ -92,3 +92,17 @@ def test_loaded_model_uses_it_and_matches_the_plain_model(tiny_model_dir, count_
     b.logsumexp(-1).mean().backward()
     for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+@needs_onednn
+def test_backward_keeps_the_unpadded_input_not_a_padded_copy(count_onednn_calls):
+    layer = OneDNNLinear(24, 40)
+    x = torch.randn(37, 24, requires_grad=True)  # 37 rows run as padded_rows(37) = 40
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = layer(x)
+    assert count_onednn_calls and padded_rows(37) == 40
+    rows = sorted(t.shape[0] for t in saved if t.ndim == 2 and t.shape[1] == 24)
+    assert rows == [37], "the input held for backward should be the 37 real rows"
+    y.sum().backward()
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(37, 24), atol=1e-5)

@@ -3,14 +3,14 @@
     python bench/ppo_vs_trl.py [--sizes tiny,small] [--steps 20] [--repeats 3] [--out bench/results/ppo_vs_trl.json]
 
 What it does, per model size:
-  1. models (cached in --work-dir): `rlhfkit init-model` on the support task's corpus -> short `rlhfkit sft`
+  1. models (bench/common.py; cached in --work-dir): `rlhfkit init-model` on the support task's corpus -> short `rlhfkit sft`
      -> `rlhfkit rm` (a plain-transformers reward model if that fails). Both PPOs start from this SFT policy
      and use this reward model, and also this reward model as the initial separate value model (TRL's way).
   2. per repeat, each in its own subprocess: `rlhfkit ppo` (bench/rlhfkit_runner.py, this venv), `rlhfkit ppo
      --lora-r 8` (one backbone: value head + adapters-off reference), TRL's PPOTrainer (bench/trl_runner.py in
      bench/.venv-trl), and a few `rlhfkit sft` steps of the same model = one model's training footprint.
   3. learning: fresh samples for the held-out eval prompts from the SFT policy and from each final policy,
-     with one decoding (this file's `sample_responses`), scored by the task's hidden gold judge and the RM.
+     with one decoding (bench/gold_eval.py), scored by the task's hidden gold judge and the RM.
 
 Measures: seconds per PPO step = median over steps 2..N of the wall time between consecutive step ends (the
 start-up and the first, warm-up step are excluded); tokens/s = response tokens generated in the step (up to
@@ -28,172 +28,20 @@ import platform
 import shutil
 import statistics
 import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-PYTHON = sys.executable
-TRL_VENV = BENCH / ".venv-trl"
-TRL_PYTHON = TRL_VENV / "bin" / "python"
+from common import (BENCH, DEFAULT_LORA_LR, DEFAULT_LR, PREP, PYTHON, SETTINGS, TRL_PYTHON, LoadSampler, build_models, check, load_average, rlhfkit_cmd, rlhfkit_ppo_flags,
+                    run_measured, task_data)
+from gold_eval import evaluate
 
-# The shared PPO settings (TRL name in trl_runner.py; rlhfkit flag below).
-SETTINGS = dict(batch_size=16, max_new_tokens=32, ppo_epochs=4, num_minibatches=1, temperature=1.0, kl_coef=0.05,
-                vf_coef=0.1, clip_eps=0.2, value_clip=0.2, gamma=1.0, lam=0.95)
-
-# Model preparation per size: SFT and RM steps and learning rates (short: the benchmark is about PPO).
-PREP = {
-    "tiny": dict(sft_steps=600, sft_lr=3e-3, rm_steps=300, rm_lr=1e-3),
-    "small": dict(sft_steps=600, sft_lr=1e-3, rm_steps=300, rm_lr=3e-4),
-}
-DEFAULT_LR = {"tiny": 3e-4, "small": 1e-4}  # PPO learning rate, both frameworks
-DEFAULT_LORA_LR = {"tiny": 1e-3, "small": 3e-4}  # the LoRA row (adapters need a larger step)
 SPEED_TARGET = {"tiny": 3.0, "small": 1.5}  # issue 7: rlhfkit s/step at least this many times faster than TRL
 LORA_RSS_TARGET = 1.3  # LoRA PPO peak RSS <= this x one model's SFT footprint
-EVAL_SEED = 1234
 
 
-@dataclass
-class Measured:
-    returncode: int
-    wall_s: float
-    peak_rss_mb: float
-    log: Path
-
-
-def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> Measured:
-    """Run ``cmd`` with output to ``log``; its peak RSS comes from ``os.wait4`` (this child only)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with log.open("w") as handle:
-        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return Measured(proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024, log)
-
-
-def check(m: Measured, what: str) -> None:
-    if m.returncode != 0:
-        tail = "\n".join(m.log.read_text(errors="replace").splitlines()[-25:])
-        raise SystemExit(f"bench: {what} failed (exit {m.returncode}); log {m.log}:\n{tail}")
-
-
-def rlhfkit_cmd(*args: str) -> list[str]:
-    return [PYTHON, "-m", "rlhfkit.cli.main", *args]
-
-
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-class LoadSampler(threading.Thread):
-    """Samples the 1-minute load average every ``every`` seconds while the benchmark runs."""
-
-    def __init__(self, every: float = 10.0):
-        super().__init__(daemon=True)
-        self.every, self.samples = every, []
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(self.every):
-            self.samples.append(os.getloadavg()[0])
-
-    def summary(self) -> dict:
-        xs = self.samples or [os.getloadavg()[0]]
-        return {"mean": round(statistics.mean(xs), 2), "max": round(max(xs), 2), "min": round(min(xs), 2), "samples": len(xs)}
-
-
-# ---- 1. models ------------------------------------------------------------------------------------
-def task_data(work: Path) -> dict[str, Path]:
-    from rlhfkit.tasks.support import write_task_data
-
-    data = work / "data"
-    if not (data / "corpus.txt").exists():
-        write_task_data(data, seed=0)
-    names = ["sft", "prefs_train", "prefs_eval", "prompts_train", "prompts_eval", "corpus"]
-    return {n: data / (f"{n}.jsonl" if n != "corpus" else "corpus.txt") for n in names}
-
-
-def reward_model_fallback(sft_dir: Path, out: Path) -> None:
-    """A reward model made with plain transformers: the SFT backbone with a fresh one-output head."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
-    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-
-
-def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
-    prep = PREP[size]
-    base = work / size
-    init, sft, rm = base / "init", base / "sft", base / "rm"
-    info = {"init": str(init), "sft": str(sft), "rm": str(rm), **prep}
-    if not (init / "config.json").exists():
-        log(f"[{size}] init-model")
-        check(run_measured(rlhfkit_cmd("init-model", "--corpus", str(data["corpus"]), "--output-dir", str(init),
-                                       "--size", size), base / "logs" / "init.log"), "init-model")
-    if not (sft / "config.json").exists():
-        log(f"[{size}] sft: {prep['sft_steps']} steps")
-        check(run_measured(rlhfkit_cmd("sft", "--model", str(init), "--data", str(data["sft"]), "--output-dir", str(sft),
-                                       "--max-steps", str(prep["sft_steps"]), "--learning-rate", str(prep["sft_lr"]),
-                                       "--batch-size", "16", "--progress", "false"), base / "logs" / "sft.log"), "sft")
-    marker = rm / "bench_rm.json"
-    if not marker.exists():
-        log(f"[{size}] rm: {prep['rm_steps']} steps")
-        m = run_measured(rlhfkit_cmd("rm", "--model", str(sft), "--data", str(data["prefs_train"]),
-                                     "--eval-data", str(data["prefs_eval"]), "--output-dir", str(rm),
-                                     "--max-steps", str(prep["rm_steps"]), "--learning-rate", str(prep["rm_lr"]),
-                                     "--batch-size", "16", "--progress", "false"), base / "logs" / "rm.log")
-        if m.returncode == 0:
-            rows = [json.loads(x) for x in (rm / "metrics.jsonl").read_text().splitlines() if x.strip()]
-            evals = [r for r in rows if r.get("eval/accuracy") is not None]
-            made = {"made_by": "rlhfkit rm", "eval_accuracy": evals[-1]["eval/accuracy"] if evals else None}
-        else:
-            log(f"[{size}] rlhfkit rm failed (see {m.log}); using a plain-transformers reward model (untrained head)")
-            shutil.rmtree(rm, ignore_errors=True)
-            reward_model_fallback(sft, rm)
-            made = {"made_by": "plain transformers fallback (untrained score head)", "eval_accuracy": None}
-        marker.write_text(json.dumps(made))
-    info.update(json.loads(marker.read_text()))
-    from transformers import AutoConfig
-
-    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-
-    info["params"] = sum(p.numel() for p in load_causal_lm(str(sft), False, load_tokenizer(str(sft))).parameters())
-    info["config"] = {k: v for k, v in AutoConfig.from_pretrained(sft).to_dict().items()
-                      if k in ("model_type", "n_layer", "n_embd", "n_head", "n_inner", "vocab_size")}
-    return info
-
-
-# ---- 2. runs --------------------------------------------------------------------------------------
-def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int,
-                      bf16: bool = False) -> list[str]:
-    s = SETTINGS
-    flags = ["--model", models["sft"], "--reward-model", models["rm"], "--data", str(data["prompts_train"]),
-             "--output-dir", str(out), "--max-steps", str(steps), "--seed", str(seed), "--learning-rate", str(lr),
-             "--batch-size", str(s["batch_size"]), "--max-new-tokens", str(s["max_new_tokens"]),
-             "--ppo-epochs", str(s["ppo_epochs"]), "--num-minibatches", str(s["num_minibatches"]),
-             "--temperature", str(s["temperature"]), "--kl-coef", str(s["kl_coef"]), "--kl-estimator", "k1",
-             "--vf-coef", str(s["vf_coef"]), "--clip-eps", str(s["clip_eps"]), "--value-clip", str(s["value_clip"]),
-             "--gamma", str(s["gamma"]), "--lam", str(s["lam"]), "--entropy-coef", "0",
-             "--normalize-reward", "false", "--reward-clip", "none", "--missing-eos-penalty", "none",
-             "--max-grad-norm", "0", "--weight-decay", "0", "--warmup-steps", "0", "--lr-scheduler", "linear",
-             "--mixed-precision", "bf16" if bf16 else "no", "--progress", "false"]
-    if lora_r:
-        flags += ["--lora-r", str(lora_r)]  # one backbone: value head on the policy, reference = adapters off
-    else:
-        flags += ["--value-model", models["rm"]]  # a separate value model initialised from the RM, as TRL
-    return flags
-
-
+# ---- runs --------------------------------------------------------------------------------------
 def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0, bf16=False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
@@ -266,52 +114,6 @@ def step_stats(result: dict) -> dict:
     toks = result["generated_tokens"][1: len(ends)]
     return {"step_s": statistics.median(dts), "tokens_per_s": statistics.median(t / d for t, d in zip(toks, dts)),
             "step_s_all": dts, "first_step_s": ends[0], "tokens_per_step": statistics.mean(toks)}
-
-
-# ---- 3. learning ----------------------------------------------------------------------------------
-@torch.no_grad()
-def sample_responses(model_dir: str, prompts: list[str], samples: int, seed: int = EVAL_SEED) -> tuple[list[str], list[bool]]:
-    """The one decoding used for every policy: left-padded prompts (rlhfkit's encoding), temperature-1
-    sampling of up to 32 tokens with a fixed seed, cut at the first EOS. Returns texts and, per text,
-    whether it ended with EOS (False: cut off at 32 tokens)."""
-    from transformers import AutoModelForCausalLM
-
-    from rlhfkit.data.encode import encode_prompt
-    from rlhfkit.models.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows = [encode_prompt(tokenizer, p, 128) for p in prompts for _ in range(samples)]
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    gen = torch.Generator().manual_seed(seed)
-    texts: list[str] = []
-    finished: list[bool] = []
-    for start in range(0, len(rows), 64):
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        out = model.generate(input_ids=ids[start:start + 64], attention_mask=mask[start:start + 64], do_sample=True,
-                             temperature=SETTINGS["temperature"], top_k=None, top_p=1.0,
-                             max_new_tokens=SETTINGS["max_new_tokens"], eos_token_id=eos, pad_token_id=pad)
-        for row in out[:, width:].tolist():
-            finished.append(eos in row)
-            row = row[: row.index(eos)] if eos in row else row
-            texts.append(tokenizer.decode(row, skip_special_tokens=True))
-    return texts, finished
-
-
-def evaluate(model_dir: str, rm_dir: str, prompts: list[str], samples: int) -> dict:
-    from rlhfkit.models.reward import RewardScorer
-    from rlhfkit.tasks.support import gold_score
-
-    texts, finished = sample_responses(model_dir, prompts, samples)
-    repeated = [p for p in prompts for _ in range(samples)]
-    gold = [gold_score(p, t) for p, t in zip(repeated, texts)]
-    scorer = RewardScorer.load(rm_dir, torch.device("cpu"))
-    rm = scorer.score(repeated, texts, finished=finished).mean.float()
-    return {"gold": statistics.mean(gold), "rm_score": float(rm.mean()), "finished": statistics.mean(finished),
-            "length_words": statistics.mean(len(t.split()) for t in texts), "example": texts[0]}
 
 
 # ---- report --------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import ppo_vs_trl as bench  # noqa: E402  (shares the models and the settings)
+import common as bench  # noqa: E402  (the benchmark's models and settings)
 
 BUCKETS = ["generate", "score", "rm forward", "rollout forwards", "value model", "reference forward",
            "advantages, misc", "train forward", "loss math", "backward", "optimizer", "update overhead",

@@ -1,0 +1,173 @@
+"""What bench/ppo_vs_trl.py and bench/profile_ppo.py share: the PPO settings both frameworks run with, the
+benchmark's models (made once per size and cached in the work directory: `rlhfkit init-model` on the support
+task's corpus -> short `rlhfkit sft` -> `rlhfkit rm`), `rlhfkit ppo`'s flags for those settings, and running a
+subprocess with its peak RSS measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PYTHON = sys.executable
+TRL_VENV = BENCH / ".venv-trl"
+TRL_PYTHON = TRL_VENV / "bin" / "python"
+
+# The shared PPO settings (TRL name in trl_runner.py; rlhfkit flag below).
+SETTINGS = dict(batch_size=16, max_new_tokens=32, ppo_epochs=4, num_minibatches=1, temperature=1.0, kl_coef=0.05,
+                vf_coef=0.1, clip_eps=0.2, value_clip=0.2, gamma=1.0, lam=0.95)
+
+# Model preparation per size: SFT and RM steps and learning rates (short: the benchmark is about PPO).
+PREP = {
+    "tiny": dict(sft_steps=600, sft_lr=3e-3, rm_steps=300, rm_lr=1e-3),
+    "small": dict(sft_steps=600, sft_lr=1e-3, rm_steps=300, rm_lr=3e-4),
+}
+DEFAULT_LR = {"tiny": 3e-4, "small": 1e-4}  # PPO learning rate, both frameworks
+DEFAULT_LORA_LR = {"tiny": 1e-3, "small": 3e-4}  # the LoRA row (adapters need a larger step)
+
+
+@dataclass
+class Measured:
+    returncode: int
+    wall_s: float
+    peak_rss_mb: float
+    log: Path
+
+
+def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> Measured:
+    """Run ``cmd`` with output to ``log``; its peak RSS comes from ``os.wait4`` (this child only)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("w") as handle:
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Measured(proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024, log)
+
+
+def check(m: Measured, what: str) -> None:
+    if m.returncode != 0:
+        tail = "\n".join(m.log.read_text(errors="replace").splitlines()[-25:])
+        raise SystemExit(f"bench: {what} failed (exit {m.returncode}); log {m.log}:\n{tail}")
+
+
+def rlhfkit_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "rlhfkit.cli.main", *args]
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class LoadSampler(threading.Thread):
+    """Samples the 1-minute load average every ``every`` seconds while the benchmark runs."""
+
+    def __init__(self, every: float = 10.0):
+        super().__init__(daemon=True)
+        self.every, self.samples = every, []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        xs = self.samples or [os.getloadavg()[0]]
+        return {"mean": round(statistics.mean(xs), 2), "max": round(max(xs), 2), "min": round(min(xs), 2), "samples": len(xs)}
+
+
+# ---- models ---------------------------------------------------------------------------------------
+def task_data(work: Path) -> dict[str, Path]:
+    from rlhfkit.tasks.support import write_task_data
+
+    data = work / "data"
+    if not (data / "corpus.txt").exists():
+        write_task_data(data, seed=0)
+    names = ["sft", "prefs_train", "prefs_eval", "prompts_train", "prompts_eval", "corpus"]
+    return {n: data / (f"{n}.jsonl" if n != "corpus" else "corpus.txt") for n in names}
+
+
+def reward_model_fallback(sft_dir: Path, out: Path) -> None:
+    """A reward model made with plain transformers: the SFT backbone with a fresh one-output head."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(sft_dir, num_labels=1)
+    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
+    prep = PREP[size]
+    base = work / size
+    init, sft, rm = base / "init", base / "sft", base / "rm"
+    info = {"init": str(init), "sft": str(sft), "rm": str(rm), **prep}
+    if not (init / "config.json").exists():
+        log(f"[{size}] init-model")
+        check(run_measured(rlhfkit_cmd("init-model", "--corpus", str(data["corpus"]), "--output-dir", str(init),
+                                       "--size", size), base / "logs" / "init.log"), "init-model")
+    if not (sft / "config.json").exists():
+        log(f"[{size}] sft: {prep['sft_steps']} steps")
+        check(run_measured(rlhfkit_cmd("sft", "--model", str(init), "--data", str(data["sft"]), "--output-dir", str(sft),
+                                       "--max-steps", str(prep["sft_steps"]), "--learning-rate", str(prep["sft_lr"]),
+                                       "--batch-size", "16", "--progress", "false"), base / "logs" / "sft.log"), "sft")
+    marker = rm / "bench_rm.json"
+    if not marker.exists():
+        log(f"[{size}] rm: {prep['rm_steps']} steps")
+        m = run_measured(rlhfkit_cmd("rm", "--model", str(sft), "--data", str(data["prefs_train"]),
+                                     "--eval-data", str(data["prefs_eval"]), "--output-dir", str(rm),
+                                     "--max-steps", str(prep["rm_steps"]), "--learning-rate", str(prep["rm_lr"]),
+                                     "--batch-size", "16", "--progress", "false"), base / "logs" / "rm.log")
+        if m.returncode == 0:
+            rows = [json.loads(x) for x in (rm / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            evals = [r for r in rows if r.get("eval/accuracy") is not None]
+            made = {"made_by": "rlhfkit rm", "eval_accuracy": evals[-1]["eval/accuracy"] if evals else None}
+        else:
+            log(f"[{size}] rlhfkit rm failed (see {m.log}); using a plain-transformers reward model (untrained head)")
+            shutil.rmtree(rm, ignore_errors=True)
+            reward_model_fallback(sft, rm)
+            made = {"made_by": "plain transformers fallback (untrained score head)", "eval_accuracy": None}
+        marker.write_text(json.dumps(made))
+    info.update(json.loads(marker.read_text()))
+    from transformers import AutoConfig
+
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+
+    info["params"] = sum(p.numel() for p in load_causal_lm(str(sft), False, load_tokenizer(str(sft))).parameters())
+    info["config"] = {k: v for k, v in AutoConfig.from_pretrained(sft).to_dict().items()
+                      if k in ("model_type", "n_layer", "n_embd", "n_head", "n_inner", "vocab_size")}
+    return info
+
+
+# ---- rlhfkit ppo with the shared settings ------------------------------------------------------
+def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int,
+                      bf16: bool = False) -> list[str]:
+    s = SETTINGS
+    flags = ["--model", models["sft"], "--reward-model", models["rm"], "--data", str(data["prompts_train"]),
+             "--output-dir", str(out), "--max-steps", str(steps), "--seed", str(seed), "--learning-rate", str(lr),
+             "--batch-size", str(s["batch_size"]), "--max-new-tokens", str(s["max_new_tokens"]),
+             "--ppo-epochs", str(s["ppo_epochs"]), "--num-minibatches", str(s["num_minibatches"]),
+             "--temperature", str(s["temperature"]), "--kl-coef", str(s["kl_coef"]), "--kl-estimator", "k1",
+             "--vf-coef", str(s["vf_coef"]), "--clip-eps", str(s["clip_eps"]), "--value-clip", str(s["value_clip"]),
+             "--gamma", str(s["gamma"]), "--lam", str(s["lam"]), "--entropy-coef", "0",
+             "--normalize-reward", "false", "--reward-clip", "none", "--missing-eos-penalty", "none",
+             "--max-grad-norm", "0", "--weight-decay", "0", "--warmup-steps", "0", "--lr-scheduler", "linear",
+             "--mixed-precision", "bf16" if bf16 else "no", "--progress", "false"]
+    if lora_r:
+        flags += ["--lora-r", str(lora_r)]  # one backbone: value head on the policy, reference = adapters off
+    else:
+        flags += ["--value-model", models["rm"]]  # a separate value model initialised from the RM, as TRL
+    return flags

@@ -97,14 +97,30 @@ def run_sft_footprint(models, data, out: Path) -> dict:
 
 
 def import_rss() -> dict:
-    """Peak RSS of importing each framework's PPO stack, no model: the part of peak RSS that is libraries."""
+    """Peak RSS of importing each framework's PPO stack, no model: the part of peak RSS that is libraries.
+
+    Also ``import torch`` alone in each environment (``torch_rlhfkit``, ``torch_trl``): the same torch build
+    should cost the same there. It does not when one environment's files were just written (e.g. a fresh
+    `make install`): the page cache then maps ~47 MB more of libtorch into every process of that environment
+    (file-backed RSS, measured here; the anonymous memory is equal), and peak RSS is no longer comparable."""
     out = {}
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
     for name, python, code in [("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.ppo.trainer"),
-                               ("trl", str(TRL_PYTHON), "from trl.experimental.ppo import PPOTrainer")]:
-        env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+                               ("trl", str(TRL_PYTHON), "from trl.experimental.ppo import PPOTrainer"),
+                               ("torch_rlhfkit", PYTHON, "import torch"), ("torch_trl", str(TRL_PYTHON), "import torch")]:
         m = run_measured([python, "-c", code], BENCH / "results" / "logs" / f"import_{name}.log", env=env)
         out[name] = m.peak_rss_mb if m.returncode == 0 else None
     return out
+
+
+def rss_comparable(imp: dict) -> str | None:
+    """A warning when ``import torch`` costs the two environments different RSS (see ``import_rss``)."""
+    a, b = imp.get("torch_rlhfkit"), imp.get("torch_trl")
+    if a is None or b is None or abs(a - b) <= 10:
+        return None
+    return (f"warning: `import torch` alone takes {a:.0f} MB in rlhfkit's environment and {b:.0f} MB in TRL's; peak RSS "
+            "is not comparable (file pages of a just-written environment). Drop the page cache "
+            "(`sync; echo 3 > /proc/sys/vm/drop_caches` as root) or reuse older environments, and run again.")
 
 
 def step_stats(result: dict) -> dict:
@@ -173,9 +189,13 @@ def print_table(results: dict) -> None:
     print(f"\n± = standard deviation over {results['args']['repeats']} repeat(s); s/step = median over steps 2..N; "
           f"best = fastest repeat (the least disturbed by other load); "
           f"torch threads {results['machine']['threads']}; import-only RSS: rlhfkit {imp.get('rlhfkit') or float('nan'):.0f} MB, "
-          f"TRL {imp.get('trl') or float('nan'):.0f} MB")
+          f"TRL {imp.get('trl') or float('nan'):.0f} MB (torch alone {imp.get('torch_rlhfkit') or float('nan'):.0f} / "
+          f"{imp.get('torch_trl') or float('nan'):.0f} MB)")
     print(f"load average (1 min) during the run: mean {load.get('mean')}, min {load.get('min')}, max {load.get('max')} "
           f"on {results['machine']['cpus']} CPUs; before {results['load_before']}, after {results.get('load_after')}")
+    warning = rss_comparable(imp)
+    if warning:
+        print(warning)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -231,6 +251,8 @@ def main(argv: list[str] | None = None) -> None:
                      "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                                  "python": platform.python_version()}, "sizes": {}}
     results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
+    if rss_comparable(results["import_rss_mb"]):
+        log(rss_comparable(results["import_rss_mb"]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sampler = LoadSampler()

@@ -11,6 +11,7 @@ from common import SETTINGS
 
 EVAL_SEED = 1234  # the same samples' randomness for every policy evaluated
 
+
 @torch.no_grad()
 def sample_responses(model_dir: str, prompts: list[str], samples: int, seed: int = EVAL_SEED) -> tuple[list[str], list[bool]]:
     """The one decoding used for every policy: left-padded prompts (rlhfkit's encoding), temperature-1

@@ -3,9 +3,10 @@
     python bench/ppo_vs_trl.py [--sizes tiny,small] [--steps 20] [--repeats 3] [--out bench/results/ppo_vs_trl.json]
 
 What it does, per model size:
-  1. models (bench/common.py; cached in --work-dir): `rlhfkit init-model` on the support task's corpus -> short `rlhfkit sft`
-     -> `rlhfkit rm` (a plain-transformers reward model if that fails). Both PPOs start from this SFT policy
-     and use this reward model, and also this reward model as the initial separate value model (TRL's way).
+  1. models (bench/common.py; cached in --work-dir): `rlhfkit init-model` on the support task's corpus ->
+     short `rlhfkit sft` -> `rlhfkit rm` (a plain-transformers reward model if that fails). Both PPOs start
+     from this SFT policy and use this reward model, and also this reward model as the initial separate
+     value model (TRL's way).
   2. per repeat, each in its own subprocess: `rlhfkit ppo` (bench/rlhfkit_runner.py, this venv), `rlhfkit ppo
      --lora-r 8` (one backbone: value head + adapters-off reference), TRL's PPOTrainer (bench/trl_runner.py in
      bench/.venv-trl), and a few `rlhfkit sft` steps of the same model = one model's training footprint.
@@ -251,8 +252,9 @@ def main(argv: list[str] | None = None) -> None:
                      "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                                  "python": platform.python_version()}, "sizes": {}}
     results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
-    if rss_comparable(results["import_rss_mb"]):
-        log(rss_comparable(results["import_rss_mb"]))
+    warning = rss_comparable(results["import_rss_mb"])
+    if warning:
+        log(warning)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sampler = LoadSampler()

@@ -16,11 +16,11 @@ from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack_rows: bool = False) -> torch.Tensor:
     """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each (right-padded) row. ``pack_rows``: run the model
     on packed rows where that is cheaper (``rlhfkit.models.packing``; the same logits on every real position)."""
-    inner = getattr(model, "module", model)  # DDP wraps the model; packing reads the inner one's config
-    packed = pack(inner, input_ids, attention_mask) if pack_rows and can_pack(inner) else None
+    # packing reads the config of the model inside any DDP / PEFT wrapper itself (lora.base_model)
+    packed = pack(model, input_ids, attention_mask) if pack_rows and can_pack(model) else None
     if packed is None:
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    out = model(**packed.model_inputs(inner))
+    out = model(**packed.model_inputs(model))
     return packed.gather(out.logits, 0, input_ids.shape[1] - 1)
 
 

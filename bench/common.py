@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from stamp import Stamp
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PYTHON = sys.executable
@@ -115,6 +117,8 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
     base = work / size
     init, sft, rm = base / "init", base / "sft", base / "rm"
     info = {"init": str(init), "sft": str(sft), "rm": str(rm), **prep}
+    marker = rm / "bench_rm.json"  # written last, when all three exist, with the stamp of the run that built them
+    building = None if marker.exists() else Stamp()
     if not (init / "config.json").exists():
         log(f"[{size}] init-model")
         check(run_measured(rlhfkit_cmd("init-model", "--corpus", str(data["corpus"]), "--output-dir", str(init),
@@ -124,7 +128,6 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
         check(run_measured(rlhfkit_cmd("sft", "--model", str(init), "--data", str(data["sft"]), "--output-dir", str(sft),
                                        "--max-steps", str(prep["sft_steps"]), "--learning-rate", str(prep["sft_lr"]),
                                        "--batch-size", "16", "--progress", "false"), base / "logs" / "sft.log"), "sft")
-    marker = rm / "bench_rm.json"
     if not marker.exists():
         log(f"[{size}] rm: {prep['rm_steps']} steps")
         m = run_measured(rlhfkit_cmd("rm", "--model", str(sft), "--data", str(data["prefs_train"]),
@@ -140,6 +143,7 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
             shutil.rmtree(rm, ignore_errors=True)
             reward_model_fallback(sft, rm)
             made = {"made_by": "plain transformers fallback (untrained score head)", "eval_accuracy": None}
+        made["stamp"] = building.record()
         marker.write_text(json.dumps(made))
     info.update(json.loads(marker.read_text()))
     from transformers import AutoConfig

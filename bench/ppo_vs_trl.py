@@ -18,6 +18,8 @@ start-up and the first, warm-up step are excluded); tokens/s = response tokens g
 and including EOS) / that step's time, median; peak RSS = ru_maxrss of the subprocess (os.wait4).
 Both frameworks run with identical settings (see SETTINGS): batch 16, 32 new tokens, 4 PPO epochs, 1
 minibatch, fp32, no gradient clipping, no reward normalisation (TRL has none), k1 KL in the reward.
+The JSON (--out, rewritten after every run) carries a "stamp" (bench/stamp.py: commit, date, machine, load at
+the start and at the end), and its one-line summary is printed under the table.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ import torch
 from common import (BENCH, DEFAULT_LORA_LR, DEFAULT_LR, PREP, PYTHON, SETTINGS, TRL_PYTHON, LoadSampler, build_models, check, load_average, rlhfkit_cmd, rlhfkit_ppo_flags,
                     run_measured, task_data)
 from gold_eval import evaluate
+from stamp import Stamp, summary
 
-SPEED_TARGET = {"tiny": 3.0, "small": 1.5}  # issue 7: rlhfkit s/step at least this many times faster than TRL
+SPEED_TARGET = {"tiny": 3.0, "small": 1.5}  # rlhfkit s/step at least this many times faster than TRL
 LORA_RSS_TARGET = 1.3  # LoRA PPO peak RSS <= this x one model's SFT footprint
 
 
@@ -197,6 +200,7 @@ def print_table(results: dict) -> None:
     warning = rss_comparable(imp)
     if warning:
         print(warning)
+    print(summary(results.get("stamp")))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         print_table(json.loads(Path(args.report).read_text()))
         return
+    stamp = Stamp()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     for size in sizes:
         if size not in PREP:
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     from rlhfkit.data.schema import load_examples
 
     eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
-    results: dict = {"args": vars(args), "settings": SETTINGS, "load_before": load_average(),
+    results: dict = {"stamp": stamp.record(), "args": vars(args), "settings": SETTINGS, "load_before": load_average(),
                      "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                                  "python": platform.python_version()}, "sizes": {}}
     results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
@@ -261,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     sampler.start()
 
     def save() -> None:  # after every run, so an interrupted benchmark keeps what it measured
+        results["stamp"] = stamp.record()
         results["load_during"] = sampler.summary()
         out.write_text(json.dumps(results, indent=1, default=str))
     for size in sizes:

@@ -1,6 +1,6 @@
 """Where rlhfkit's PPO step time goes, and the physical floor of that step on this machine.
 
-    python bench/profile_ppo.py [--size tiny] [--steps 6] [--threads 0] [--lora-r 0] [--torch-profile]
+    python bench/profile_ppo.py [--size tiny] [--steps 6] [--threads 0] [--lora-r 0] [--torch-profile] [--out FILE.json]
 
 Runs `rlhfkit ppo` in this process with the settings of bench/ppo_vs_trl.py (same models: run that once, or
 this script builds them) and times rlhfkit's own functions by wrapping them (nothing in rlhfkit changes):
@@ -11,12 +11,12 @@ this script builds them) and times rlhfkit's own functions by wrapping them (not
   rollout forwards    ActorCritic.forward in make_rollout (policy + value) -> steps 3-4
                       (with grad when epoch 1 reuses it: one minibatch)
     value model         SeparateValueModel.forward inside it
-  reference forward   reference_logprobs                                   -> step 3
+  reference forward   response_logprobs                                   -> step 3
   advantages, misc    rest of make_rollout (padding, KL, rewards, GAE, whitening) -> steps 5-6
   train forward       ActorCritic.forward in the PPO epochs                 -> step 7
   loss math           PPOTrainer.loss minus its forward (ops.*)
   backward            Accelerator.backward
-  optimizer           optim.step (grad norm, AdamW, schedule, zero_grad)
+  optimizer           updates.step (grad norm, AdamW, schedule, zero_grad)
   update overhead     rest of train_epochs (minibatch select, Python)
   step overhead       rest of ppo_step (metrics, KL controller)
   loop overhead       outside ppo_step, between steps (logging, TensorBoard, samples)
@@ -25,6 +25,8 @@ The floor: the step's matmul FLOPs (formula in `step_flops`) divided by the matm
 model's shapes (`measure_matmul_rate`, through the path rlhfkit's linear layers take: oneDNN for fp32 on CPU):
 decode shapes (B rows) for generation, full-sequence shapes for the rest.
 The teacher-forced phases count real tokens only (padding is not work the math needs; packing removes most of it).
+The stamp (bench/stamp.py: commit, date, machine, load at the start and at the end) is printed under the tables
+and written into the --out JSON.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as bench  # noqa: E402  (the benchmark's models and settings)
+from stamp import Stamp, summary  # noqa: E402
 
 BUCKETS = ["generate", "score", "rm forward", "rollout forwards", "value model", "reference forward",
            "advantages, misc", "train forward", "loss math", "backward", "optimizer", "update overhead",
@@ -76,7 +79,7 @@ def instrument(clock: Clock, record: dict) -> None:
 
     from rlhfkit.models.reward import RewardScorer
     from rlhfkit.trainers.ppo import policy, trainer
-    from rlhfkit.training import optim
+    from rlhfkit.training import updates
 
     in_rollout = [False]
     make_rollout = trainer.PPOTrainer.make_rollout
@@ -95,10 +98,10 @@ def instrument(clock: Clock, record: dict) -> None:
     clock.wrap(policy.ActorCritic, "forward", "rollout forwards", when=lambda: in_rollout[0])
     clock.wrap(policy.ActorCritic, "forward", "train forward", when=lambda: not in_rollout[0])
     clock.wrap(policy.SeparateValueModel, "forward", "value model", when=lambda: in_rollout[0])
-    clock.wrap(trainer, "reference_logprobs", "reference forward")
+    clock.wrap(trainer, "response_logprobs", "reference forward")
     clock.wrap(trainer.PPOTrainer, "loss", "loss+forward")
     clock.wrap(Accelerator, "backward", "backward")
-    clock.wrap(optim, "step", "optimizer")
+    clock.wrap(updates, "step", "optimizer")
     clock.wrap(trainer.PPOTrainer, "train_epochs", "train_epochs")
 
     original = trainer.PPOTrainer.ppo_step
@@ -190,7 +193,7 @@ def measure_matmul_rate(s: dict, rows: int, repeats: int = 20, default_path: boo
     """GFLOP/s of the model's matmuls (qkv, out, MLP up/down, LM head) on ``rows`` token rows, current threads,
     through the path rlhfkit's linear layers take (oneDNN for fp32 on CPU where available: models/kernels.py),
     or with ``default_path`` through torch.matmul (MKL on x86)."""
-    from rlhfkit.models.kernels import linear_matmul
+    from rlhfkit.accel.kernels import linear_matmul
 
     def product(a, b):
         out = None if default_path else linear_matmul(a, b, None)
@@ -252,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be at least 2")
+    stamp = Stamp()
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
@@ -309,9 +313,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'step':<22} {sum(flops.values()) / 1e9:>9.3f} {total_floor:>9.4f} {step_s:>11.4f} {step_s / total_floor:>8.1f}")
     print(f"(teacher-forced phases count the {sum(real):.0f} real tokens of the {B * (P + T)} padded positions; "
           f"on every padded position the step would be {padded / 1e9:.1f} GFLOP)")
+    record = stamp.record()
+    print(summary(record))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"size": args.size, "lora_r": args.lora_r, "threads": torch.get_num_threads(),
+        Path(args.out).write_text(json.dumps({"stamp": record, "size": args.size, "lora_r": args.lora_r, "threads": torch.get_num_threads(),
                                               "median_s": med, "step_s": step_s, "tokens_per_s": tokens / step_s,
                                               "flops": flops, "padded_flops": padded, "matmul_gflops": {"full": rate_full, "decode": rate_decode, "full_default_path": rate_default},
                                               "floor_s": floor, "steps": clock.steps, "shapes": shapes}, indent=1))

@@ -20,6 +20,16 @@ def pad(seqs: list[list[int]], value: int, side: str = "right") -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
+def pad_with_mask(seqs: list[list[int]], pad_id: int, side: str = "right", device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [B, L], mask [B, L])``: the sequences padded with ``pad_id`` on ``side``, mask 1 on real tokens.
+
+    Prompts for generation are padded on the left (every row's last prompt token in the last column);
+    responses on the right."""
+    ids = pad(seqs, pad_id, side)
+    mask = pad([[1] * len(s) for s in seqs], 0, side)
+    return ids.to(device), mask.to(device)
+
+
 @dataclass
 class SequenceBatch:
     """Right-padded prompt + response rows.
@@ -44,7 +54,8 @@ class SequenceBatch:
 def collate_pairs(items: list[Encoded], pad_id: int) -> SequenceBatch:
     ids = [e.prompt_ids + e.response_ids for e in items]
     resp = [[0] * len(e.prompt_ids) + [1] * len(e.response_ids) for e in items]
-    return SequenceBatch(pad(ids, pad_id), pad([[1] * len(s) for s in ids], 0), pad(resp, 0))
+    input_ids, attention_mask = pad_with_mask(ids, pad_id)
+    return SequenceBatch(input_ids, attention_mask, pad(resp, 0))
 
 
 def collate_preferences(pairs: list[tuple[Encoded, Encoded]], pad_id: int) -> SequenceBatch:
@@ -53,9 +64,5 @@ def collate_preferences(pairs: list[tuple[Encoded, Encoded]], pad_id: int) -> Se
 
 
 def collate_sft(items: list[tuple[list[int], list[int]]], pad_id: int, ignore_index: int = -100) -> dict[str, torch.Tensor]:
-    ids = [i for i, _ in items]
-    return {
-        "input_ids": pad(ids, pad_id),
-        "attention_mask": pad([[1] * len(s) for s in ids], 0),
-        "labels": pad([lab for _, lab in items], ignore_index),
-    }
+    input_ids, attention_mask = pad_with_mask([i for i, _ in items], pad_id)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": pad([lab for _, lab in items], ignore_index)}

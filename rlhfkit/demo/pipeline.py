@@ -64,7 +64,7 @@ class Stages:
 
 def run(cfg) -> dict:
     from rlhfkit.demo.report import write_report
-    from rlhfkit.evaluation.evaluate import evaluate_policy
+    from rlhfkit.inference.evaluate import evaluate_policy
     from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.tasks import get_judge
     from rlhfkit.tasks.support import label_noise_ceiling, write_task_data

@@ -1,23 +1,28 @@
 """Forward passes shared by the trainers: per-token log-probs of response tokens, sequence sums.
 
-Shapes: a ``SequenceBatch`` is ``[B, L]``; outputs are aligned with the *predicted* tokens, i.e.
-position ``t`` of the output is about token ``t + 1`` of the input (``[B, L-1]``).
+Two layouts:
+- a ``SequenceBatch`` is right-padded ``[B, L]`` prompt + response rows; outputs are aligned with the
+  *predicted* tokens, i.e. position ``t`` of the output is about token ``t + 1`` of the input (``[B, L-1]``);
+- online RL lays rows out as ``[left-padded prompt (P) | right-padded response (T)]``, position ids counted
+  from the attention mask so left padding changes nothing; outputs are ``[B, T]`` over response tokens.
+Given a ``PackedBatch`` of the same batch (``rlhfkit.accel.packing``), a model runs on the packed rows and
+the outputs are gathered back into the padded layout: the same numbers from fewer positions.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
 from rlhfkit.data.collate import SequenceBatch
-from rlhfkit.models.packing import can_pack, pack
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 
 
-def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack_rows: bool = False) -> torch.Tensor:
-    """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each (right-padded) row. ``pack_rows``: run the model
-    on packed rows where that is cheaper (``rlhfkit.models.packing``; the same logits on every real position)."""
+def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack_sequences: bool = False) -> torch.Tensor:
+    """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each (right-padded) row. ``pack_sequences``: run the model
+    on packed rows where that is cheaper (``rlhfkit.accel.packing``; the same logits on every real position)."""
     # packing reads the config of the model inside any DDP / PEFT wrapper itself (lora.base_model)
-    packed = pack(model, input_ids, attention_mask) if pack_rows and can_pack(model) else None
+    packed = pack_batch(model, input_ids, attention_mask) if pack_sequences and can_pack(model) else None
     if packed is None:
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
     out = model(**packed.model_inputs(model))
@@ -25,10 +30,10 @@ def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
-                   pack_rows: bool = False):
+                   pack_sequences: bool = False):
     """Log-probs ``[B, L-1]`` of each next token, its mask ``[B, L-1]`` (1 on response tokens), and
     optionally the entropy ``[B, L-1]`` of the next-token distribution."""
-    logits = next_token_logits(model, batch.input_ids, batch.attention_mask, pack_rows).float()
+    logits = next_token_logits(model, batch.input_ids, batch.attention_mask, pack_sequences).float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = logprobs_from_logits(logits, batch.input_ids[:, 1:])
@@ -37,7 +42,37 @@ def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_e
     return logprobs, mask, entropy
 
 
-def sequence_logprobs(model, batch: SequenceBatch, pack_rows: bool = False) -> torch.Tensor:
+def sequence_logprobs(model, batch: SequenceBatch, pack_sequences: bool = False) -> torch.Tensor:
     """``[B]`` sum of log-probs over each row's response tokens (DPO's log pi(y|x))."""
-    logprobs, mask, _ = token_logprobs(model, batch, pack_rows=pack_rows)
+    logprobs, mask, _ = token_logprobs(model, batch, pack_sequences=pack_sequences)
     return (logprobs * mask).sum(dim=1)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` positions counted over real tokens (0 for left padding), as generation uses them."""
+    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def response_logits(model, input_ids, attention_mask, n_response: int, hidden: bool = False,
+                    packed: PackedBatch | None = None):
+    """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
+    L = input_ids.shape[1]
+    if packed is not None:
+        out = model(**packed.model_inputs(model), output_hidden_states=hidden)
+        logits = packed.gather(out.logits, L - n_response - 1, L - 1)
+        states = packed.gather(out.hidden_states[-1], L - n_response - 1, L - 1) if hidden else None
+        return logits, states
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                output_hidden_states=hidden, logits_to_keep=n_response + 1)
+    logits = out.logits[:, -(n_response + 1):-1]  # position t predicts token t + 1
+    states = out.hidden_states[-1][:, -(n_response + 1):-1] if hidden else None
+    return logits, states
+
+
+@torch.no_grad()
+def response_logprobs(model, input_ids, attention_mask, n_response: int, temperature: float = 1.0,
+                      packed: PackedBatch | None = None) -> torch.Tensor:
+    """``[B, T]`` log-probs of the T response tokens of ``[left-padded prompt | response]`` rows under
+    ``model`` (no gradient): the frozen reference's, or the policy's when measuring KL after training."""
+    logits, _ = response_logits(model, input_ids, attention_mask, n_response, packed=packed)
+    return logprobs_from_logits(logits.float() / temperature, input_ids[:, -n_response:])

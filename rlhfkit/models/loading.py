@@ -1,19 +1,16 @@
 """Load local Hugging Face models and tokenizers: safetensors only, nothing from a hub.
 
 A missing pad token is set to EOS (so padding works); ``trust_remote_code`` is passed only when the
-user asks for it.
+user asks for it. Every ``from_pretrained`` here passes ``local_files_only=True``, so no hub is contacted.
+Each loaded model goes through ``rlhfkit.accel.prepare_model`` (the kernel swaps), here and only here.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from rlhfkit.errors import UserError
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub at run time
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
 def check_model_dir(path: str, what: str = "model") -> Path:
@@ -52,8 +49,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
     return tok
 
 
-def _load(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
-    from rlhfkit.models.kernels import use_fast_kernels
+def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
+    """``auto_cls.from_pretrained`` on a checked local directory (safetensors, no hub), then the kernel swaps."""
+    from rlhfkit.accel import prepare_model
 
     check_model_dir(path, what)
     try:
@@ -61,7 +59,7 @@ def _load(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
                                          local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
-    use_fast_kernels(model)
+    prepare_model(model)
     return model
 
 
@@ -69,9 +67,9 @@ def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):
     """``AutoModelForCausalLM`` from a local directory, its pad token id set from the tokenizer."""
     from transformers import AutoModelForCausalLM
 
-    model = _load(AutoModelForCausalLM, path, "causal LM", trust_remote_code)
+    model = load_pretrained(AutoModelForCausalLM, path, "causal LM", trust_remote_code)
     if tokenizer is not None:
-        _match_tokenizer(model, tokenizer, path)
+        match_tokenizer(model, tokenizer, path)
     return model
 
 
@@ -79,15 +77,16 @@ def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None
     """``AutoModelForSequenceClassification`` with one output (the scalar reward)."""
     from transformers import AutoModelForSequenceClassification
 
-    model = _load(AutoModelForSequenceClassification, path, "reward model", trust_remote_code)
+    model = load_pretrained(AutoModelForSequenceClassification, path, "reward model", trust_remote_code)
     if model.config.num_labels != 1:
         raise UserError(f"{path}: a reward model needs one output label, this one has {model.config.num_labels}")
     if tokenizer is not None:
-        _match_tokenizer(model, tokenizer, path)
+        match_tokenizer(model, tokenizer, path)
     return model
 
 
-def _match_tokenizer(model, tokenizer, path: str) -> None:
+def match_tokenizer(model, tokenizer, path: str) -> None:
+    """Check the tokenizer fits the embedding; set the model's pad token id (batches > 1 need it)."""
     vocab = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > vocab:
         raise UserError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only {vocab}")

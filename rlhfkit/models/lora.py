@@ -16,12 +16,6 @@ from rlhfkit.errors import UserError
 from rlhfkit.training.checkpoint import assert_finite
 
 
-def base_model(model):
-    """The Hugging Face model inside DDP / PEFT wrappers (the one whose config and forward are read)."""
-    model = getattr(model, "module", model)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
     """Wrap ``model`` with LoRA adapters of rank ``lora.lora_r``; only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model
@@ -77,8 +71,3 @@ def _without_lora(state: dict) -> dict:
     wrapped layer's ``base_layer`` (holding the merged weight) under the original layer name."""
     return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
 
-
-def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    total = sum(p.numel() for p in model.parameters())
-    return sum(p.numel() for p in model.parameters() if p.requires_grad), total

@@ -28,19 +28,14 @@ from rlhfkit.data.collate import SequenceBatch, collate_pairs
 from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
-from rlhfkit.models.kernels import use_fast_kernels
-from rlhfkit.models.loading import check_model_dir, load_reward_model, load_tokenizer
-from rlhfkit.models.packing import can_pack, pack
+from rlhfkit.models.unwrap import without_ddp
+from rlhfkit.models.loading import load_pretrained, load_reward_model, load_tokenizer, match_tokenizer
+from rlhfkit.accel.packing import can_pack, pack_batch
 from rlhfkit.training.batches import chunks
 
 STATS_FILE = "reward_stats.json"
 ENSEMBLE_FILE = "ensemble.json"
 DEFAULT_MAX_PROMPT_LENGTH = 128
-
-
-def _unwrap(model):
-    """The bare model under a DDP / accelerate wrapper."""
-    return getattr(model, "module", model)
 
 
 def is_encoder(model) -> bool:
@@ -50,7 +45,7 @@ def is_encoder(model) -> bool:
     last token; that head is what tells the two kinds apart. A model with neither (remote code) is
     treated like an encoder: its own pooled output is the score.
     """
-    return not isinstance(getattr(_unwrap(model), "score", None), torch.nn.Linear)
+    return not isinstance(getattr(without_ddp(model), "score", None), torch.nn.Linear)
 
 
 def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
@@ -62,29 +57,20 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
     """
     from transformers import AutoModelForSequenceClassification
 
-    check_model_dir(path, "model")
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, ignore_mismatched_sizes=True, trust_remote_code=trust_remote_code,
-            use_safetensors=True, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{path}: cannot build a reward model from it ({str(exc).splitlines()[0]})") from None
-    vocab = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > vocab:
-        raise UserError(f"{path}: the tokenizer has {len(tokenizer)} tokens but the model's embedding only {vocab}")
-    model.config.pad_token_id = tokenizer.pad_token_id  # batches > 1 need it; our scores do not depend on it
-    use_fast_kernels(model)
+    model = load_pretrained(AutoModelForSequenceClassification, path, "model", trust_remote_code,
+                            num_labels=1, ignore_mismatched_sizes=True)
+    match_tokenizer(model, tokenizer, path)
     return model
 
 
-def sequence_scores(model, batch: SequenceBatch, pack_rows: bool = True) -> torch.Tensor:
+def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) -> torch.Tensor:
     """``[B]`` float32 reward of each right-padded prompt + response row (carries the gradient).
-    ``pack_rows``: run a decoder on packed rows where that is cheaper (``rlhfkit.models.packing``)."""
-    inner = _unwrap(model)
+    ``pack_sequences``: run a decoder on packed rows where that is cheaper (``rlhfkit.accel.packing``)."""
+    inner = without_ddp(model)
     if is_encoder(inner):
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0].float()
-    packed = pack(inner, batch.input_ids, batch.attention_mask, inner.config.pad_token_id or 0) \
-        if pack_rows and can_pack(inner) else None
+    packed = pack_batch(inner, batch.input_ids, batch.attention_mask, inner.config.pad_token_id or 0) \
+        if pack_sequences and can_pack(inner) else None
     captured: list[torch.Tensor] = []
     handle = inner.score.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:
@@ -103,7 +89,7 @@ def sequence_scores(model, batch: SequenceBatch, pack_rows: bool = True) -> torc
 
 
 @torch.no_grad()
-def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, device, pack_rows: bool = True) -> torch.Tensor:
+def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, device, pack_sequences: bool = True) -> torch.Tensor:
     """``[N]`` scores of encoded rows, in order; rows are batched by length to waste little padding
     (and packed, see ``sequence_scores``). Eval mode is set for the pass and the previous mode restored.
     """
@@ -113,7 +99,7 @@ def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, dev
     out = torch.empty(len(items), dtype=torch.float32)
     for idx in chunks(order, batch_size):
         batch = collate_pairs([items[i] for i in idx], pad_id).to(device)
-        out[idx] = sequence_scores(model, batch, pack_rows).cpu()
+        out[idx] = sequence_scores(model, batch, pack_sequences).cpu()
     model.train(was_training)
     return out
 

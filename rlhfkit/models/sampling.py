@@ -19,8 +19,8 @@ import inspect
 
 import torch
 
-from rlhfkit.data.collate import pad
-from rlhfkit.models.lora import base_model
+from rlhfkit.data.collate import pad_with_mask
+from rlhfkit.models.unwrap import base_model, without_ddp
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -176,7 +176,7 @@ def sample_responses(model, tokenizer, prompts_ids: list[list[int]], generation_
         raise ValueError("sample_responses: every prompt needs at least one token")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = stop_token_ids(model, tokenizer)
-    model = getattr(model, "module", model)  # DDP wraps the model; call the inner one
+    model = without_ddp(model)  # call the module inside a DDP wrapper
     decode_batch = _decode if _loop_supported(model) else _generate
     was_training = model.training
     model.eval()
@@ -184,8 +184,7 @@ def sample_responses(model, tokenizer, prompts_ids: list[list[int]], generation_
     try:
         for start in range(0, len(prompts_ids), batch_size):
             chunk = prompts_ids[start: start + batch_size]
-            input_ids = pad(chunk, pad_id, side="left").to(device)  # [B, P]
-            attention_mask = pad([[1] * len(p) for p in chunk], 0, side="left").to(device)  # [B, P]
+            input_ids, attention_mask = pad_with_mask(chunk, pad_id, "left", device)  # [B, P] each
             new = decode_batch(model, input_ids, attention_mask, generation_args, stops, pad_id)  # [B, T]
             responses.extend(cut_at_stop(row, stops) for row in new.tolist())
             if progress is not None:

@@ -4,30 +4,51 @@ Shapes ``[B, T]`` are batch × response tokens; ``mask`` is 1 on real tokens and
 """
 
 from .advantages import gae, per_token_rewards, sequence_advantage
-from .kl import KL_ESTIMATORS, kl_penalty
+from .aggregation import aggregate_loss
+from .critic_free import (
+    discounted_returns,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline,
+    rloo_advantages,
+)
+from .estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageConfig,
+    AdvantageEstimator,
+    get_advantage_estimator,
+    register_advantage_estimator,
+)
+from .kl import kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, KLController
 from .logprobs import logprobs_from_logits
 from .losses import (
-    DPO_LOSS_TYPES,
     bradley_terry_loss,
     dpo_loss,
     entropy_from_logits,
     ppo_policy_loss,
+    ppo_policy_loss_per_token,
+    sequence_ratio_policy_loss,
     value_loss,
 )
 from .stats import explained_variance, masked_mean, masked_var, masked_whiten
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
-    "DPO_LOSS_TYPES",
+    "AdvantageConfig",
+    "AdvantageEstimator",
     "FixedKLController",
     "KLController",
-    "KL_ESTIMATORS",
+    "aggregate_loss",
     "bradley_terry_loss",
+    "discounted_returns",
     "dpo_loss",
     "entropy_from_logits",
     "explained_variance",
     "gae",
+    "get_advantage_estimator",
+    "grpo_advantages",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
@@ -35,6 +56,12 @@ __all__ = [
     "masked_whiten",
     "per_token_rewards",
     "ppo_policy_loss",
+    "ppo_policy_loss_per_token",
+    "register_advantage_estimator",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline",
+    "rloo_advantages",
     "sequence_advantage",
+    "sequence_ratio_policy_loss",
     "value_loss",
 ]

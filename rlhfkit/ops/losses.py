@@ -1,4 +1,4 @@
-"""Losses: PPO policy and value, entropy, Bradley–Terry reward model, DPO / IPO.
+"""Losses: PPO policy (clip-higher, sequence ratio) and value, entropy, Bradley–Terry reward model, DPO / IPO.
 
 Shapes: ``[B, T]`` = batch × response tokens; ``mask`` is 1 on real tokens, 0 on padding.
 """
@@ -13,33 +13,120 @@ import torch.nn.functional as F
 from .stats import masked_mean
 
 
+def _clip_bounds(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    if clip_eps < 0 or high < 0:
+        raise ValueError(f"clip_eps and clip_eps_high must be >= 0, got {clip_eps} and {high}")
+    return 1.0 - clip_eps, 1.0 + high
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token max(−A·ρ, −A·clip(ρ, low, high)) (0 on padding) and where the clipped term won, ``[B, T]``."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, low, high)
+    # torch.where rather than ·mask: padding may hold any log-prob, and inf·0 would be NaN.
+    per_token = torch.where(mask.bool(), torch.maximum(unclipped, clipped), 0.0)
+    return per_token, clipped > unclipped
+
+
+def ppo_policy_loss_per_token(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    *,
+    clip_eps_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped PPO surrogate per token, unreduced -> ``(per_token_loss [B, T], stats)``.
+
+        ρ_t = exp(lp_t − lp_old_t)
+        l_t = max(−A_t·ρ_t, −A_t·clip(ρ_t, 1−ε_low, 1+ε_high))     (0 on padding)
+
+    PPO (Schulman et al. 2017, eq. 7) has ε_low = ε_high = ``clip_eps``; clip-higher (DAPO, Yu et al.
+    2025) sets ``clip_eps_high`` > ``clip_eps`` so low-probability tokens with A > 0 can still grow.
+    ``clip_eps_high=None`` means ``clip_eps``. ``logprobs`` (carries the gradient), ``old_logprobs``,
+    ``advantages``, ``mask``: ``[B, T]``. Reduce ``l`` with :func:`rlhfkit.ops.aggregate_loss`.
+    Detached stats, as in :func:`ppo_policy_loss`: ``clipfrac`` and ``approx_kl``.
+    """
+    low, high = _clip_bounds(clip_eps, clip_eps_high)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    per_token, clipped = _clipped_surrogate(ratio, advantages, mask, low, high)
+    stats = {
+        "clipfrac": masked_mean(clipped.to(ratio.dtype), mask).detach(),
+        "approx_kl": masked_mean(0.5 * log_ratio**2, mask).detach(),
+    }
+    return per_token, stats
+
+
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps: float,
+    *,
+    clip_eps_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective of PPO (Schulman et al. 2017, eq. 7), as a loss -> ``(scalar, stats)``.
 
         ρ_t = exp(lp_t − lp_old_t)
-        loss = masked mean of max(−A_t·ρ_t, −A_t·clip(ρ_t, 1−ε, 1+ε))
+        loss = masked mean of max(−A_t·ρ_t, −A_t·clip(ρ_t, 1−ε, 1+ε_high))
 
+    ``clip_eps_high`` (clip-higher, DAPO, Yu et al. 2025) defaults to ε = ``clip_eps``.
     ``logprobs`` (current policy, carries the gradient), ``old_logprobs`` (rollout policy),
     ``advantages``, ``mask``: ``[B, T]``. Detached stats:
     ``clipfrac`` = masked fraction of tokens where the clipped term is the larger one (no gradient);
     ``approx_kl`` = masked mean of ½(lp − lp_old)², the k2 estimate of KL to the rollout policy.
+    Other reductions: :func:`ppo_policy_loss_per_token` with :func:`rlhfkit.ops.aggregate_loss`.
     """
+    per_token, stats = ppo_policy_loss_per_token(
+        logprobs, old_logprobs, advantages, mask, clip_eps, clip_eps_high=clip_eps_high
+    )
+    return masked_mean(per_token, mask), stats
+
+
+def sequence_ratio_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float,
+    *,
+    clip_eps_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate with one importance ratio per sequence -> ``(per_token_loss [B, T], stats)``.
+
+        ρ = exp(Σ_t (lp_t − lp_old_t)·m_t)                        one ratio per row, ``[B]``
+        l_t = max(−A_t·ρ, −A_t·clip(ρ, 1−ε_low, 1+ε_high))         (0 on padding)
+
+    The whole completion is one action, as in RLOO (Ahmadian et al. 2024) and TRL's RLOO trainer:
+    with a sequence advantage A (``[B]``, or ``[B, T]`` constant along each row) every real token of a
+    row holds that row's loss, so ``aggregate_loss(l, mask, "seq-mean-token-mean")`` is the mean over
+    sequences of max(−A·ρ, −A·clip(ρ)). ``logprobs``, ``old_logprobs``, ``mask``: ``[B, T]``.
+    ``clip_eps_high=None`` means ``clip_eps``. The ratio of a long sequence can overflow to inf; the
+    clipped term then bounds the loss only where A > 0. Detached stats:
+    ``clipfrac`` = fraction of rows with at least one real token whose clipped term is the larger;
+    ``approx_kl`` = masked mean over tokens of ½(lp − lp_old)².
+    """
+    low, high = _clip_bounds(clip_eps, clip_eps_high)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # [B, 1], broadcast over tokens
     log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    token_mask = mask.bool()
+    seq_log_ratio = torch.where(token_mask, log_ratio, 0.0).sum(dim=-1, keepdim=True)  # [B, 1]
+    ratio = torch.exp(seq_log_ratio).expand_as(logprobs)
+    per_token, clipped = _clipped_surrogate(ratio, advantages.expand_as(logprobs), mask, low, high)
+    has_tokens = token_mask.any(dim=-1)  # [B]
+    row_clipped = (clipped & token_mask).any(dim=-1)  # [B]
     stats = {
-        "clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), mask).detach(),
+        "clipfrac": masked_mean(row_clipped.to(logprobs.dtype), has_tokens).detach(),
         "approx_kl": masked_mean(0.5 * log_ratio**2, mask).detach(),
     }
-    return loss, stats
+    return per_token, stats
 
 
 def value_loss(

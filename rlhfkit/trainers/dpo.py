@@ -5,8 +5,8 @@ Per step: take batch_size x accumulation preference pairs. For each micro-batch 
 forward pass of the policy over ``[chosen rows; rejected rows]`` (``[2B, L]``, see
 ``collate_preferences``) gives log pi(y|x) summed over response tokens; the frozen reference gives
 log pi_ref(y|x) (a copy of the starting model, or with LoRA the same backbone with its adapters off);
-``ops.dpo_loss`` turns the four into per-pair losses. The step's loss is the mean over all its pairs,
-so accumulation gives exactly the loss of one big batch.
+``ops.dpo_loss`` turns the four into per-pair losses. The step's loss is the mean over all its pairs
+(``rlhfkit.training.loop``), so accumulation gives exactly the loss of one big batch.
 
 The reference never changes, so its log-probs can be computed once before training
 (``--precompute-ref``, one reference forward pass per step saved); for held-out pairs they always are.
@@ -15,12 +15,12 @@ The reference never changes, so its log-probs can be computed once before traini
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.config.commands import DPOConfig
 from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import load_examples
@@ -28,10 +28,10 @@ from rlhfkit.models.forward import sequence_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import adapters_off, apply_lora
 from rlhfkit.ops import dpo_loss
-from rlhfkit.training import optim as opt
-from rlhfkit.training.batches import chunks, step_indices
+from rlhfkit.training.batches import chunks
+from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout
-from rlhfkit.training.session import open_session, prepare_trainables
+from rlhfkit.training.session import Session, Trainables
 
 Pair = tuple[Encoded, Encoded]  # (chosen, rejected) with the same prompt ids
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "logps/chosen", "logps/rejected")
@@ -68,9 +68,9 @@ class Reference:
     set; ``logps`` then looks rows up instead of running the model.
     """
 
-    def __init__(self, model: torch.nn.Module, pack_rows: bool = True):
+    def __init__(self, model: torch.nn.Module, pack_sequences: bool = True):
         self.model: torch.nn.Module | None = model
-        self.pack_rows = pack_rows
+        self.pack_sequences = pack_sequences
         self.tables: dict[str, torch.Tensor] = {}
 
     def release(self) -> None:
@@ -81,7 +81,7 @@ class Reference:
     def forward(self, seqs: SequenceBatch) -> torch.Tensor:
         assert self.model is not None, "the reference model was released after precomputing"
         with adapters_off(self.model):
-            return sequence_logprobs(self.model, seqs, self.pack_rows)
+            return sequence_logprobs(self.model, seqs, self.pack_sequences)
 
     def precompute(self, split: str, pairs: list[Pair], pad_id: int, batch_size: int, device, autocast) -> None:
         parts = []
@@ -125,19 +125,19 @@ def encode_all(tokenizer, examples, data_args) -> list[Pair]:
 
 @torch.no_grad()
 def evaluate(model, reference: Reference, pairs: list[Pair], pad_id: int, batch_size: int, args, device, autocast,
-             pack_rows: bool = True) -> dict[str, float]:
+             pack_sequences: bool = True) -> dict[str, float]:
     model.eval()
     totals = dict.fromkeys(METRICS, 0.0)
     for rows in chunks(list(range(len(pairs))), batch_size):
         batch = make_batch(pairs, rows, pad_id, device)
         with autocast():
-            _, sums = pair_losses(sequence_logprobs(model, batch.seqs, pack_rows), reference.logps(batch, "eval"), args)
+            _, sums = pair_losses(sequence_logprobs(model, batch.seqs, pack_sequences), reference.logps(batch, "eval"), args)
         totals = {k: totals[k] + sums[k] for k in METRICS}
     model.train()
     return {f"eval/{k}": v / len(pairs) for k, v in totals.items()}
 
 
-def train(cfg) -> dict:
+def train(cfg: DPOConfig) -> dict:
     # 1. Validate every row before anything heavy happens.
     train_examples = load_examples(cfg.data.data, "preference", "rlhfkit dpo")
     eval_examples = load_examples(cfg.data.eval_data, "preference", "rlhfkit dpo") if cfg.data.eval_data else []
@@ -147,62 +147,40 @@ def train(cfg) -> dict:
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     disable_dropout(model)  # before LoRA, so an explicit --lora-dropout still applies to the adapters
     lora = cfg.lora.lora_r > 0
-    frozen = None if lora else copy.deepcopy(model).requires_grad_(False).eval()
+    frozen = [] if lora else [copy.deepcopy(model).requires_grad_(False).eval()]
     if lora:
         model = apply_lora(model, cfg.lora)
     train_pairs = encode_all(tokenizer, train_examples, cfg.data)
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data)
+    pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 
-    # 3. Session: accelerator, optimizer, schedule, resume.
-    rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
-    steps = opt.total_steps(cfg.optim, len(train_pairs), rows_per_step)
-    session = open_session(cfg, cfg.run, steps, desc="dpo")
-    acc = session.accelerator
-    t = prepare_trainables(session, model, cfg.optim, len(train_pairs), cfg.run.seed)
-    model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
-    reference = Reference(acc.unwrap_model(model) if lora else frozen.to(session.device), cfg.packing.pack_sequences)
-    del frozen  # `reference` holds the only handle, so releasing it frees the copy
-    pad_id = tokenizer.pad_token_id
-    model.train()
+    # 3. The reference, the batch and the loss; the shared loop does the rest.
+    def objective(session: Session, trainables: Trainables) -> Objective:
+        accelerator, device = session.accelerator, session.device
+        policy = accelerator.unwrap_model(trainables.model)
+        reference = Reference(policy if lora else frozen.pop().to(device), pack_sequences)  # holds the only handle
+        # Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored at
+        # every evaluation), training pairs with --precompute-ref. A resumed run recomputes them; with
+        # several processes each computes every row (the reference pass is a fraction of one epoch's work).
+        if eval_pairs:
+            reference.precompute("eval", eval_pairs, pad_id, cfg.optim.batch_size, device, accelerator.autocast)
+        if cfg.dpo.precompute_ref:
+            start = time.perf_counter()
+            reference.precompute("train", train_pairs, pad_id, cfg.optim.batch_size, device, accelerator.autocast)
+            session.logger.write(f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in "
+                                 f"{time.perf_counter() - start:.1f}s")
+            reference.release()  # with full fine-tuning this frees the reference copy
 
-    # 4. Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored
-    #    at every evaluation), training pairs with --precompute-ref. A resumed run recomputes them; with
-    #    several processes each computes every row (the reference pass is a fraction of one epoch's work).
-    if eval_pairs:
-        reference.precompute("eval", eval_pairs, pad_id, cfg.optim.batch_size, session.device, acc.autocast)
-    if cfg.dpo.precompute_ref:
-        start = time.perf_counter()
-        reference.precompute("train", train_pairs, pad_id, cfg.optim.batch_size, session.device, acc.autocast)
-        session.logger.write(f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in {time.perf_counter() - start:.1f}s")
-        reference.release()  # with full fine-tuning this frees the reference copy
-
-    # 5. The loop.
-    step_pairs = rows_per_step * acc.num_processes
-    metrics: dict[str, float] = {}
-    for step in range(session.start_step + 1, steps + 1):
-        started = time.perf_counter()
-        micro = [make_batch(train_pairs, rows, pad_id, session.device) for rows in step_indices(stream, cfg.optim, acc)]
-
-        def loss_fn(batch: PairBatch):
-            policy_logps = sequence_logprobs(model, batch.seqs, cfg.packing.pack_sequences)  # [2B]: chosen + rejected
+        def loss(model, batch: PairBatch):
+            policy_logps = sequence_logprobs(model, batch.seqs, pack_sequences)  # [2B]: chosen + rejected
             losses, sums = pair_losses(policy_logps, reference.logps(batch, "train"), cfg.dpo)
-            # DDP averages gradients over processes; scale so the result is the mean over the step's pairs.
-            return losses.sum() * acc.num_processes / step_pairs, sums
+            return losses.sum(), sums
 
-        sums = opt.accumulate(acc, model, micro, loss_fn)
-        totals = acc.reduce(torch.tensor([sums[k] for k in METRICS], device=session.device), "sum")
-        stats = {k: float(v) / step_pairs for k, v in zip(METRICS, totals)}
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = opt.step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        if not math.isfinite(stats["loss"]):
-            raise FloatingPointError(f"dpo: the loss became {stats['loss']} at step {step}")
-        metrics = {**stats, "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch,
-                   "time/step_s": time.perf_counter() - started}
-        if eval_pairs and session.eval_due(step, cfg.run.eval_steps):
-            metrics.update(evaluate(model, reference, eval_pairs, pad_id, cfg.optim.batch_size, cfg.dpo,
-                                    session.device, acc.autocast, cfg.packing.pack_sequences))
-        session.end_step(step, cfg.run, metrics, t)
+        def held_out(model) -> dict[str, float]:
+            return evaluate(model, reference, eval_pairs, pad_id, cfg.optim.batch_size, cfg.dpo, device,
+                            accelerator.autocast, pack_sequences)
 
-    # 6. Final model in Hugging Face format (LoRA: merged, and the adapter under adapter/).
-    session.finish(model, tokenizer)
-    return metrics
+        return Objective(lambda rows: make_batch(train_pairs, rows, pad_id, device), units=lambda batch: len(batch.rows),
+                         loss=loss, evaluate=held_out if eval_pairs else None)
+
+    return fit(cfg, model, tokenizer, len(train_pairs), "dpo", objective)

@@ -16,7 +16,6 @@ metrics.jsonl and checkpoints), listed in ``OUT/ensemble.json`` with the ensembl
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,11 +30,10 @@ from rlhfkit.models.lora import save_pretrained
 from rlhfkit.models.reward import (ENSEMBLE_FILE, STATS_FILE, RewardScorer, build_reward_model, score_encoded,
                                    score_stats, sequence_scores)
 from rlhfkit.ops import bradley_terry_loss
-from rlhfkit.training import optim as opt
-from rlhfkit.training.batches import step_indices
 from rlhfkit.training.checkpoint import Checkpointer
-from rlhfkit.training.runtime import disable_dropout, seed_everything
-from rlhfkit.training.session import open_session, prepare_trainables
+from rlhfkit.training.loop import Objective, fit
+from rlhfkit.training.runtime import disable_dropout, pick_device, seed_everything
+from rlhfkit.training.session import Session, Trainables
 
 
 @dataclass
@@ -87,15 +85,15 @@ def preference_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.
     return loss
 
 
-def pair_scores(model, batch: PairBatch, pack_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(model, batch: PairBatch, pack_sequences: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``([B], [B])`` chosen and rejected scores from one forward pass over the [2B, L] batch."""
-    return sequence_scores(model, batch.seqs, pack_rows).chunk(2)
+    return sequence_scores(model, batch.seqs, pack_sequences).chunk(2)
 
 
 @torch.no_grad()
-def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_rows: bool = True) -> dict[str, float]:
-    chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device, pack_rows)
-    rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device, pack_rows)
+def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_sequences: bool = True) -> dict[str, float]:
+    chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device, pack_sequences)
+    rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device, pack_sequences)
     margin = torch.tensor(pairs.margin)
     return {"eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
             "eval/accuracy": float(preference_accuracy(chosen, rejected))}
@@ -146,60 +144,46 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
     train_pairs = encode_all(tokenizer, train_examples, cfg.data)
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 
-    # 2. Session: accelerator, optimizer, schedule, resume.
-    rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
-    steps = opt.total_steps(cfg.optim, len(train_examples), rows_per_step)
-    session = open_session(cfg, cfg.run, steps, desc="rm")
-    acc = session.accelerator
-    t = prepare_trainables(session, model, cfg.optim, len(train_examples), cfg.run.seed)
-    model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
-    pad_id = tokenizer.pad_token_id
-    center_coef = cfg.reward.center_coef
+    pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
     score_rows = 2 * cfg.optim.batch_size  # a training micro-batch holds 2B rows with activations; scoring keeps none
-    model.train()
 
-    # 3. The loop.
-    packs = cfg.packing.pack_sequences
-    metrics: dict[str, float] = {}
-    for step in range(session.start_step + 1, steps + 1):
-        micro = [collate(train_pairs, idx, pad_id) for idx in step_indices(stream, cfg.optim, acc)]
-        micro = [PairBatch(b.seqs.to(session.device), b.margin.to(session.device)) for b in micro]
-        step_pairs = float(acc.reduce(torch.tensor(float(sum(b.num_pairs for b in micro)), device=session.device), "sum"))
+    # 2. The batch and the loss; the shared loop does the rest.
+    def objective(session: Session, _trainables) -> Objective:
+        def collate_rows(rows: list[int]) -> PairBatch:
+            batch = collate(train_pairs, rows, pad_id)
+            return PairBatch(batch.seqs.to(session.device), batch.margin.to(session.device))
 
-        def loss_fn(batch: PairBatch):
-            chosen, rejected = pair_scores(model, batch, packs)
-            share = batch.num_pairs / step_pairs  # this micro-batch's share of the step's pairs
-            # DDP averages gradients over processes; scale so the result is the mean over the global step.
-            loss = preference_loss(chosen, rejected, batch.margin, center_coef) * share * acc.num_processes
+        def loss(model, batch: PairBatch):
+            chosen, rejected = pair_scores(model, batch, pack_sequences)
+            n = batch.num_pairs
+            loss_sum = preference_loss(chosen, rejected, batch.margin, cfg.reward.center_coef) * n
             c, r = chosen.detach(), rejected.detach()
-            return loss, {"loss": float(loss.detach()) / acc.num_processes,
-                          "accuracy": float(preference_accuracy(c, r)) * share,
-                          "reward/chosen": float(c.mean()) * share, "reward/rejected": float(r.mean()) * share}
+            return loss_sum, {"loss": float(loss_sum.detach()), "accuracy": float(preference_accuracy(c, r)) * n,
+                              "reward/chosen": float(c.sum()), "reward/rejected": float(r.sum())}
 
-        local = opt.accumulate(acc, model, micro, loss_fn)
-        stats = {k: float(acc.reduce(torch.tensor(v, device=session.device), "sum")) for k, v in local.items()}
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = opt.step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        if not math.isfinite(stats["loss"]):
-            raise FloatingPointError(f"rm: the loss became {stats['loss']} at step {step}")
-        metrics = {**stats, "reward/margin": stats["reward/chosen"] - stats["reward/rejected"],
-                   "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
-        if eval_pairs and session.eval_due(step, cfg.run.eval_steps):
-            metrics.update(evaluate(model, eval_pairs, pad_id, score_rows, session.device, packs))
-        session.end_step(step, cfg.run, metrics, t)
+        def held_out(model) -> dict[str, float]:
+            return evaluate(model, eval_pairs, pad_id, score_rows, session.device, pack_sequences)
 
-    # 4. Final model in Hugging Face format, then the score statistics PPO normalises with (written
+        return Objective(collate_rows, units=lambda batch: batch.num_pairs, loss=loss,
+                         evaluate=held_out if eval_pairs else None,
+                         derived=lambda m: {"reward/margin": m["reward/chosen"] - m["reward/rejected"]})
+
+    # 3. Final model in Hugging Face format, then the score statistics PPO normalises with (written
     #    last: their presence marks a finished model).
-    acc.wait_for_everyone()
-    if session.is_main:
-        model = acc.unwrap_model(model)
-        save_pretrained(model, tokenizer, session.output_dir)
-        scores = torch.cat([score_encoded(model, train_pairs.chosen, pad_id, score_rows, session.device, packs),
-                            score_encoded(model, train_pairs.rejected, pad_id, score_rows, session.device, packs)])
-        stats = {**score_stats(scores), "max_length": cfg.data.max_length, "max_prompt_length": cfg.data.max_prompt_length}
-        _write_json(session.output_dir / STATS_FILE, stats)
-    session.close()
-    return metrics
+    def finish(session: Session, trainables: Trainables) -> None:
+        accelerator = session.accelerator
+        accelerator.wait_for_everyone()
+        if session.is_main:
+            model = accelerator.unwrap_model(trainables.model)
+            save_pretrained(model, tokenizer, session.output_dir)
+            scores = torch.cat([score_encoded(model, pairs, pad_id, score_rows, session.device, pack_sequences)
+                                for pairs in (train_pairs.chosen, train_pairs.rejected)])
+            stats = {**score_stats(scores), "max_length": cfg.data.max_length,
+                     "max_prompt_length": cfg.data.max_prompt_length}
+            _write_json(session.output_dir / STATS_FILE, stats)
+        session.close()
+
+    return fit(cfg, model, tokenizer, len(train_examples), "rm", objective, finish)
 
 
 def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExample],
@@ -211,7 +195,7 @@ def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExam
     info = {"members": names, "seeds": [cfg.run.seed + i for i in range(len(members))],
             "conservative_k": cfg.reward.conservative_k}
     _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
-    device = "cuda" if torch.cuda.is_available() and not cfg.run.cpu else "cpu"
+    device = pick_device(cfg.run.cpu)
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
     rows = 2 * cfg.optim.batch_size
     prompts = [ex.prompt for ex in train_examples]

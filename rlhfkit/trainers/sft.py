@@ -1,17 +1,17 @@
 """`rlhfkit sft`: supervised fine-tuning with the loss on completion / assistant tokens only.
 
-Per step: take batch_size x accumulation rows, backward each micro-batch with
-``token-loss sum / completion tokens in the whole step`` (so accumulation gives exactly the loss of
-one big batch), clip, step. EOS is appended to every completion so the model learns to stop.
+The loss is the mean next-token cross-entropy over the step's completion tokens (the shared loop in
+``rlhfkit.training.loop`` divides the token-loss sum by the completion tokens of the whole step, so
+accumulation gives exactly the loss of one big batch). EOS is appended to every completion so the model
+learns to stop.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
+from rlhfkit.config.commands import SFTConfig
 from rlhfkit.data.collate import collate_sft
 from rlhfkit.data.encode import IGNORE_INDEX, encode_sft
 from rlhfkit.data.schema import load_examples
@@ -19,15 +19,15 @@ from rlhfkit.errors import UserError
 from rlhfkit.models.forward import next_token_logits
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora
-from rlhfkit.training import optim as opt
-from rlhfkit.training.batches import chunks, step_indices
-from rlhfkit.training.session import open_session, prepare_trainables
+from rlhfkit.training.batches import chunks
+from rlhfkit.training.loop import Objective, fit
+from rlhfkit.training.session import Session
 
 
-def token_loss_sum(model, batch: dict, pack_rows: bool = False) -> tuple[torch.Tensor, int]:
-    """Sum of next-token cross-entropy over labelled tokens, and their count (``pack_rows``: see
+def token_loss_sum(model, batch: dict, pack_sequences: bool = False) -> tuple[torch.Tensor, int]:
+    """Sum of next-token cross-entropy over labelled tokens, and their count (``pack_sequences``: see
     ``next_token_logits``)."""
-    logits = next_token_logits(model, batch["input_ids"], batch["attention_mask"], pack_rows)  # [B, L-1, V]
+    logits = next_token_logits(model, batch["input_ids"], batch["attention_mask"], pack_sequences)  # [B, L-1, V]
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, int((labels != IGNORE_INDEX).sum())
@@ -49,18 +49,18 @@ def encode_all(tokenizer, examples, data_args, path: str) -> list:
 
 
 @torch.no_grad()
-def evaluate(model, items, pad_id: int, batch_size: int, device, pack_rows: bool = False) -> float:
+def evaluate(model, items, pad_id: int, batch_size: int, device, pack_sequences: bool = False) -> float:
     model.eval()
     total, count = 0.0, 0
     for chunk in chunks(items, batch_size):
         batch = {k: v.to(device) for k, v in collate_sft(chunk, pad_id).items()}
-        loss, n = token_loss_sum(model, batch, pack_rows)
+        loss, n = token_loss_sum(model, batch, pack_sequences)
         total, count = total + float(loss), count + n
     model.train()
     return total / max(count, 1)
 
 
-def train(cfg) -> dict:
+def train(cfg: SFTConfig) -> dict:
     # 1. Validate every row before anything heavy happens.
     train_examples = load_examples(cfg.data.data, "sft", "rlhfkit sft")
     eval_examples = load_examples(cfg.data.eval_data, "sft", "rlhfkit sft") if cfg.data.eval_data else []
@@ -72,42 +72,25 @@ def train(cfg) -> dict:
         model = apply_lora(model, cfg.lora)
     train_items = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data)
     eval_items = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data) if eval_examples else []
+    pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 
-    # 3. Session: accelerator, optimizer, schedule, resume.
-    rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
-    steps = opt.total_steps(cfg.optim, len(train_items), rows_per_step)
-    session = open_session(cfg, cfg.run, steps, desc="sft")
-    acc = session.accelerator
-    t = prepare_trainables(session, model, cfg.optim, len(train_items), cfg.run.seed)
-    model, optimizer, scheduler, stream = t.model, t.optimizer, t.scheduler, t.stream
-    pad_id = tokenizer.pad_token_id
-    model.train()
+    # 3. The batch and the loss; the shared loop does the rest.
+    def objective(session: Session, _trainables) -> Objective:
+        def collate(rows: list[int]) -> dict:
+            return {k: v.to(session.device) for k, v in collate_sft([train_items[i] for i in rows], pad_id).items()}
 
-    # 4. The loop.
-    metrics: dict[str, float] = {}
-    for step in range(session.start_step + 1, steps + 1):
-        micro = [collate_sft([train_items[i] for i in idx], pad_id) for idx in step_indices(stream, cfg.optim, acc)]
-        micro = [{k: v.to(session.device) for k, v in b.items()} for b in micro]
-        local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in micro)
-        step_tokens = float(acc.reduce(torch.tensor(float(local_tokens), device=session.device), "sum"))
+        def loss(model, batch: dict):
+            loss_sum, _ = token_loss_sum(model, batch, pack_sequences)
+            return loss_sum, {"loss": float(loss_sum.detach())}
 
-        def loss_fn(batch):
-            loss_sum, _ = token_loss_sum(model, batch, cfg.packing.pack_sequences)
-            # DDP averages gradients over processes; scale so the result is the global token mean.
-            loss = loss_sum * acc.num_processes / step_tokens
-            return loss, {"loss": float(loss_sum.detach()) / step_tokens}
+        def held_out(model) -> dict[str, float]:
+            return {"eval/loss": evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device, pack_sequences)}
 
-        stats = opt.accumulate(acc, model, micro, loss_fn)
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = opt.step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        if not math.isfinite(stats["loss"]):
-            raise FloatingPointError(f"sft: the loss became {stats['loss']} at step {step}")
-        metrics = {"loss": stats["loss"], "learning_rate": lr, "grad_norm": grad_norm, "epoch": stream.epoch}
-        if eval_items and session.eval_due(step, cfg.run.eval_steps):
-            metrics["eval/loss"] = evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device,
-                                            cfg.packing.pack_sequences)
-        session.end_step(step, cfg.run, metrics, t)
+        return Objective(collate, units=completion_tokens, loss=loss, evaluate=held_out if eval_items else None)
 
-    # 5. Final model in Hugging Face format.
-    session.finish(model, tokenizer)
-    return metrics
+    return fit(cfg, model, tokenizer, len(train_items), "sft", objective)
+
+
+def completion_tokens(batch: dict) -> int:
+    """The labelled (completion) tokens of a micro-batch: SFT's loss is their mean over the step."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())

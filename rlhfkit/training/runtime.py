@@ -22,6 +22,12 @@ def make_accelerator(run):
     return Accelerator(mixed_precision=precision, cpu=run.cpu, log_with=None)
 
 
+def pick_device(cpu: bool = False) -> torch.device:
+    """The device of a command that runs without an ``Accelerator`` (generate, score, eval): the GPU when
+    there is one and ``--cpu`` is not given."""
+    return torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 
 from rlhfkit.config.parse import save_config
+from rlhfkit.config.parts import OptimArgs, RunArgs
 from rlhfkit.errors import UserError
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.training import optim as opt
+from rlhfkit.training import updates
 from rlhfkit.training.checkpoint import Checkpointer, rng_state, set_rng_state
 from rlhfkit.training.logger import MetricsLogger
 from rlhfkit.training.runtime import make_accelerator, seed_everything
@@ -57,13 +58,21 @@ class Session:
         """Evaluate every ``eval_steps`` steps (0: never) and always at the last step."""
         return bool(eval_steps and step % eval_steps == 0) or step == self.total_steps
 
-    def end_step(self, step: int, run, metrics: dict, t: "Trainables") -> None:
-        """Log (every --logging-steps, at the end, and whenever there are eval metrics), checkpoint
-        every --save-steps, advance the progress bar."""
-        if step % run.logging_steps == 0 or step == self.total_steps or "eval/loss" in metrics:
+    def log_due(self, step: int, run: RunArgs, metrics: dict) -> bool:
+        """Log every --logging-steps, at the last step, and whenever a step has held-out or gold metrics."""
+        evaluated = any(k.startswith("eval/") or k == "reward/gold" for k in metrics)
+        return bool(metrics) and (step % run.logging_steps == 0 or step == self.total_steps or evaluated)
+
+    def save_due(self, step: int, run: RunArgs) -> bool:
+        """Checkpoint every --save-steps (0: never)."""
+        return bool(run.save_steps) and step % run.save_steps == 0
+
+    def end_step(self, step: int, run: RunArgs, metrics: dict, trainables: Trainables) -> None:
+        """Log and checkpoint when due, advance the progress bar."""
+        if self.log_due(step, run, metrics):
             self.logger.log(step, metrics)
-        if run.save_steps and step % run.save_steps == 0:
-            self.save(step, {"model": t.model}, t.state_dict())
+        if self.save_due(step, run):
+            self.save(step, {"model": trainables.model}, trainables.state_dict())
         self.logger.advance()
 
     def close(self) -> None:
@@ -92,22 +101,22 @@ class Trainables:
                 "stream": self.stream.state_dict()}
 
 
-def prepare_trainables(session: Session, model, optim_args, n_rows: int, seed: int) -> Trainables:
+def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: int, seed: int) -> Trainables:
     """AdamW + schedule over ``session.total_steps``, ``accelerate.prepare``, the data stream; on resume,
     all of them (and the model) restored from the newest checkpoint."""
-    optimizer = opt.build_optimizer(model, optim_args)
-    scheduler = opt.build_scheduler(optimizer, optim_args, session.total_steps)
+    optimizer = updates.build_optimizer(model, optim_args)
+    scheduler = updates.build_scheduler(optimizer, optim_args, session.total_steps)
     model, optimizer = session.accelerator.prepare(model, optimizer)
-    t = Trainables(model, optimizer, scheduler, IndexStream(n_rows, seed))
+    trainables = Trainables(model, optimizer, scheduler, IndexStream(n_rows, seed))
     if session.start_step > 0:  # only --resume sets a start step
         state = session.restore({"model": model})
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        t.stream.load_state_dict(state["stream"])
-    return t
+        trainables.stream.load_state_dict(state["stream"])
+    return trainables
 
 
-def open_session(config, run, total_steps: int, desc: str) -> Session:
+def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
     """Seed, create the output dir, write ``config.yaml``, and find the resume point if ``--resume``."""
     out = Path(run.output_dir)
     if out.exists() and not out.is_dir():

@@ -104,10 +104,10 @@ def test_one_policy_pass_per_micro_batch_over_chosen_and_rejected(dpo_config, mo
     calls = []
     real = dpo.sequence_logprobs
 
-    def recording(model, seqs, pack_rows):
-        assert pack_rows  # --pack-sequences (on by default) reaches every policy and reference pass
+    def recording(model, seqs, pack_sequences):
+        assert pack_sequences  # --pack-sequences (on by default) reaches every policy and reference pass
         calls.append((torch.is_grad_enabled(), seqs.input_ids.shape[0]))
-        return real(model, seqs, pack_rows)
+        return real(model, seqs, pack_sequences)
 
     monkeypatch.setattr(dpo, "sequence_logprobs", recording)
     cfg = dpo_config("run", "--max-steps", "2", "--batch-size", "3", "--gradient-accumulation-steps", "2",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.models.kernels import TanhGELU, fuse_activations
+from rlhfkit.accel.kernels import TanhGELU, fuse_activations
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import save_pretrained
 

@@ -1,4 +1,4 @@
-"""fp32 CPU linear layers through oneDNN (rlhfkit/models/kernels.py): the same products as the default path,
+"""fp32 CPU linear layers through oneDNN (rlhfkit/accel/kernels.py): the same products as the default path,
 forward and backward, with the row count padded to a bounded set of sizes; the default path wherever the
 oneDNN one does not apply."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from rlhfkit.models import kernels
-from rlhfkit.models.kernels import OneDNNLinear, fast_linears, linear_matmul, onednn_ready, padded_rows
+from rlhfkit.accel import kernels
+from rlhfkit.accel.kernels import OneDNNLinear, fast_linears, linear_matmul, onednn_ready, padded_rows
 
 needs_onednn = pytest.mark.skipif(not onednn_ready(), reason="this torch build has no usable oneDNN linear")
 
@@ -70,9 +70,15 @@ def test_default_path_under_autocast_other_dtypes_and_small_products(count_onedn
     assert linear_matmul(x, torch.randn(24, 40), None) is None  # too small to pay for a oneDNN call
 
 
-def test_switch_off_by_environment(monkeypatch):
-    monkeypatch.setenv("RLHFKIT_ONEDNN_LINEAR", "0")
-    assert not kernels._onednn_enabled()
+def test_switch_off_by_environment(monkeypatch, tiny_model_dir):
+    from rlhfkit.accel import enabled, prepare_model
+    from rlhfkit.models.loading import load_causal_lm
+
+    monkeypatch.setenv("RLHFKIT_ACCEL", "0")
+    assert not enabled()
+    assert prepare_model(nn.Sequential(nn.Linear(4, 4))) == {"fused_gelu": 0, "onednn_linear": 0}
+    model = load_causal_lm(str(tiny_model_dir))
+    assert any(type(m) is Conv1D for m in model.modules()), "the switch leaves loaded models as transformers builds them"
 
 
 @needs_onednn

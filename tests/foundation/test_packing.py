@@ -8,9 +8,10 @@ import random
 import pytest
 import torch
 
-from rlhfkit.models import packing
-from rlhfkit.models.packing import can_pack, pack, plan_rows
-from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
+from rlhfkit.accel import packing
+from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
+from rlhfkit.models.forward import response_logprobs
+from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel
 
 from .test_architectures import make_config
 
@@ -45,12 +46,12 @@ def always_pack(monkeypatch):
 
 
 def padded_then_packed(model, run) -> list[tuple[torch.Tensor, dict]]:
-    """``run(pack_rows)`` -> output ``[N]`` (or a scalar); each way, backpropagate a fixed weighting of it and
+    """``run(pack_sequences)`` -> output ``[N]`` (or a scalar); each way, backpropagate a fixed weighting of it and
     return (output, gradient of every weight): ``[padded, packed]``."""
     results = []
-    for pack_rows in (False, True):
+    for pack_sequences in (False, True):
         model.zero_grad()
-        out = run(pack_rows)
+        out = run(pack_sequences)
         (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
         results.append((out.detach(), {n: w.grad.clone() for n, w in model.named_parameters() if w.grad is not None}))
     return results
@@ -84,7 +85,7 @@ def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
     policy = causal_lm("gpt2", "sdpa")
 
     def widths(model):
-        p = pack(model, ids, mask, PAD)
+        p = pack_batch(model, ids, mask, PAD)
         loads = torch.zeros(p.input_ids.numel(), dtype=torch.long)
         loads[p.index[mask.bool()]] = 1
         return p.input_ids.shape[1], int(loads.view(p.input_ids.shape).sum(1).max())
@@ -99,7 +100,7 @@ def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
 
 def test_packed_rows_keep_sequences_apart(always_pack):
     ids, mask, T = ragged_batch(1)
-    packed = pack(causal_lm("gpt2", "sdpa"), ids, mask, PAD)
+    packed = pack_batch(causal_lm("gpt2", "sdpa"), ids, mask, PAD)
     assert packed.input_ids.shape[0] < ids.shape[0]  # several sequences share rows
     real = packed.index[mask.bool()]
     assert len(set(real.tolist())) == int(mask.sum())  # each real token has its own packed position
@@ -123,7 +124,7 @@ def test_packed_sequences_do_not_see_each_other(always_pack):
     real = mask.bool()
 
     def real_logits(x):
-        p = pack(policy, x, mask, PAD)
+        p = pack_batch(policy, x, mask, PAD)
         assert p.input_ids.shape[0] < x.shape[0]
         flat = policy(**p.model_inputs(policy)).logits
         return flat.reshape(-1, VOCAB)[p.index[real]]  # [N, V] real tokens, sequence by sequence
@@ -147,7 +148,7 @@ def test_packed_forward_equals_padded_forward(always_pack, arch, attn):
     ac = ActorCritic(policy)
     torch.nn.init.normal_(ac.value_head.linear.weight, std=0.1)  # a value head that is not all zeros
     ids, mask, T = ragged_batch(2)
-    packed = pack(policy, ids, mask, PAD)
+    packed = pack_batch(policy, ids, mask, PAD)
     assert packed.input_ids.numel() < ids.numel()
     response_mask = mask[:, -T:].float()
     outputs, grads = [], []
@@ -162,7 +163,7 @@ def test_packed_forward_equals_padded_forward(always_pack, arch, attn):
     assert grads[0].keys() == grads[1].keys()
     for name, g in grads[0].items():
         assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
-    ref = [reference_logprobs(policy, ids, mask, T, 0.7, packed=p) * response_mask for p in (None, packed)]
+    ref = [response_logprobs(policy, ids, mask, T, 0.7, packed=p) * response_mask for p in (None, packed)]
     assert torch.allclose(ref[0], ref[1], atol=2e-5)
 
 
@@ -174,7 +175,7 @@ def test_packed_separate_value_model(always_pack):
     torch.manual_seed(1)
     value = SeparateValueModel(AutoModelForSequenceClassification.from_config(config).eval())
     ids, mask, T = ragged_batch(3)
-    packed = pack(value.backbone, ids, mask, PAD)
+    packed = pack_batch(value.backbone, ids, mask, PAD)
     m = mask[:, -T:].float()
     assert torch.allclose(value(ids, mask, T) * m, value(ids, mask, T, packed) * m, atol=2e-5)
 
@@ -184,7 +185,7 @@ def test_packing_is_off_where_it_could_change_results():
     qwen = causal_lm("qwen2", "sdpa")
     qwen.config.use_sliding_window, qwen.config.sliding_window = True, 4
     ids, mask, _ = ragged_batch(4)
-    assert pack(qwen, ids, mask, PAD) is None  # a sequence longer than the window would lose the window
+    assert pack_batch(qwen, ids, mask, PAD) is None  # a sequence longer than the window would lose the window
 
 
 def _bloom():
@@ -214,8 +215,8 @@ def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
         ids[i, :n] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(n)])
         mask[i, :n] = 1
     batch = SequenceBatch(ids, mask, mask)
-    assert pack(rm, ids, mask, PAD).input_ids.shape[0] < 9
-    results = padded_then_packed(rm, lambda pack_rows: sequence_scores(rm, batch, pack_rows))
+    assert pack_batch(rm, ids, mask, PAD).input_ids.shape[0] < 9
+    results = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
     assert torch.allclose(results[0][0], results[1][0], atol=2e-5)
     assert_same_gradients(results)
 
@@ -236,8 +237,8 @@ def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
         mask[i, :p + r] = 1
         response[i, p:p + r] = 1
     batch = SequenceBatch(ids, mask, response)
-    assert pack(policy, ids, mask, PAD).input_ids.shape[0] < 8
-    results = padded_then_packed(policy, lambda pack_rows: sequence_logprobs(policy, batch, pack_rows))
+    assert pack_batch(policy, ids, mask, PAD).input_ids.shape[0] < 8
+    results = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
     assert torch.allclose(results[0][0], results[1][0], atol=5e-5)
     assert_same_gradients(results)
 
@@ -256,11 +257,11 @@ def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsy
         ids = [rng.randrange(2, VOCAB) for _ in range(p + c)]
         items.append((ids, [-100] * p + ids[p:]))
     batch = collate_sft(items, PAD)
-    assert pack(policy, batch["input_ids"], batch["attention_mask"], PAD).input_ids.shape[0] < 8
+    assert pack_batch(policy, batch["input_ids"], batch["attention_mask"], PAD).input_ids.shape[0] < 8
     counts = {}
 
-    def loss(pack_rows: bool) -> torch.Tensor:
-        total, counts[pack_rows] = sft.token_loss_sum(policy, batch, pack_rows)
+    def loss(pack_sequences: bool) -> torch.Tensor:
+        total, counts[pack_sequences] = sft.token_loss_sum(policy, batch, pack_sequences)
         return total
 
     results = padded_then_packed(policy, loss)
@@ -271,7 +272,7 @@ def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsy
 
     seen = []
     real = sft.token_loss_sum
-    monkeypatch.setattr(sft, "token_loss_sum", lambda m, b, pack_rows: seen.append(pack_rows) or real(m, b, pack_rows))
+    monkeypatch.setattr(sft, "token_loss_sum", lambda m, b, pack_sequences: seen.append(pack_sequences) or real(m, b, pack_sequences))
     data = write_jsonl(tmp_path / "d.jsonl", sft_rows(16))
     for flag in ("true", "false"):
         seen.clear()
@@ -291,12 +292,12 @@ def test_packed_forward_through_lora_adapters(always_pack):
             torch.nn.init.normal_(w, std=0.05)  # adapters that change the outputs
     assert can_pack(policy)
     ids, mask, T = ragged_batch(8)
-    packed = pack(policy, ids, mask, PAD)
+    packed = pack_batch(policy, ids, mask, PAD)
     m = mask[:, -T:].float()
     packed_lp = {}
     for adapters in (True, False):
         with (adapters_off(policy) if not adapters else torch.enable_grad()):
-            padded = reference_logprobs(policy, ids, mask, T) * m
-            packed_lp[adapters] = reference_logprobs(policy, ids, mask, T, packed=packed) * m
+            padded = response_logprobs(policy, ids, mask, T) * m
+            packed_lp[adapters] = response_logprobs(policy, ids, mask, T, packed=packed) * m
         assert torch.allclose(padded, packed_lp[adapters], atol=2e-5), adapters
     assert not torch.allclose(packed_lp[True], packed_lp[False], atol=1e-3)  # the adapters do change the policy

@@ -6,7 +6,7 @@ import torch
 
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.trainers.ppo import train
-from rlhfkit.trainers.ppo.policy import reference_logprobs
+from rlhfkit.models.forward import response_logprobs
 
 from .conftest import ThanksScorer, parse, read_metrics
 
@@ -84,8 +84,8 @@ def test_lora_trains_and_reference_is_base_model(thanks_task, tmp_path):
     ids = tok(["Customer: my app is late\nAgent: thanks a lot"], return_tensors="pt")["input_ids"]
     mask = torch.ones_like(ids)
     with adapters_off(ac.policy):
-        lp_ref = reference_logprobs(ac.policy, ids, mask, 4)
-    lp_base = reference_logprobs(base, ids, mask, 4)
-    lp_policy = reference_logprobs(ac.policy, ids, mask, 4)
+        lp_ref = response_logprobs(ac.policy, ids, mask, 4)
+    lp_base = response_logprobs(base, ids, mask, 4)
+    lp_policy = response_logprobs(ac.policy, ids, mask, 4)
     torch.testing.assert_close(lp_ref, lp_base, atol=1e-6, rtol=0)
     assert (lp_policy - lp_base).abs().max() > 1e-3

@@ -126,12 +126,12 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
     on packed rows; two steps with and without it must log the same metrics and reach the same weights."""
     from safetensors.torch import load_file
 
-    from rlhfkit.models import packing
+    from rlhfkit.accel import packing
 
     monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)  # attention looks free: pack as tightly as possible
     packed_calls = []
     pack = packing.pack
-    monkeypatch.setattr("rlhfkit.trainers.ppo.trainer.pack", lambda *a: packed_calls.append(pack(*a)) or packed_calls[-1])
+    monkeypatch.setattr("rlhfkit.trainers.ppo.trainer.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1])
     model, prompts = thanks_task
     extra = f"--value-model {make_reward_model(model, tmp_path / 'rm')}" if value == "separate" else ""
     args = f"--model {model} --data {prompts} --max-steps 2 --ppo-epochs 2 --num-minibatches 2 {extra} {BASE}"

@@ -19,7 +19,9 @@ FAST = ["--learning-rate", "3e-3", "--batch-size", "16", "--max-length", "48"]
 
 
 def metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    """Logged metrics without the wall-clock timings (``time/...``), which differ between any two runs."""
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
 
 def weights(out) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ the baseline. A warning is printed (and counted in ``monitor/warnings``) when:
 
 from __future__ import annotations
 
-from rlhfkit.evaluation.text_stats import text_stats
+from rlhfkit.data.text_stats import text_stats
 
 
 class HackingMonitor:

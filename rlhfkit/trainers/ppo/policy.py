@@ -1,15 +1,13 @@
 """The trainable side of PPO: policy + value function, and one forward pass that yields both.
 
-Value function options (SPEC/issue "four roles"):
+Value function options:
 - a scalar head on the policy's last hidden state (default; with LoRA this is the one-backbone mode:
   policy, value and — adapters off — reference all share one copy of the weights);
 - a separate value model initialised from the reward model (as InstructGPT did): its backbone and
   ``score`` head applied at every position.
 
-Sequences are laid out as ``[left-padded prompt (P) | right-padded response (T)]``; position ids come
-from the attention mask, so left padding changes nothing. Outputs are ``[B, T]`` over response tokens.
-Given a ``PackedBatch`` of the same batch (``rlhfkit.models.packing``), the models run on the packed rows
-instead and the outputs are gathered back into that layout: the same numbers from fewer positions.
+Rows are ``[left-padded prompt (P) | right-padded response (T)]`` (see ``rlhfkit.models.forward``); outputs
+are ``[B, T]`` over response tokens.
 """
 
 from __future__ import annotations
@@ -18,29 +16,9 @@ import torch
 from torch import nn
 
 from rlhfkit.errors import UserError
-from rlhfkit.models.packing import PackedBatch
+from rlhfkit.accel.packing import PackedBatch
+from rlhfkit.models.forward import position_ids, response_logits
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, L]`` positions counted over real tokens (0 for left padding), as generation uses them."""
-    return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-
-
-def response_logits(model, input_ids, attention_mask, n_response: int, hidden: bool = False,
-                    packed: PackedBatch | None = None):
-    """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
-    L = input_ids.shape[1]
-    if packed is not None:
-        out = model(**packed.model_inputs(model), output_hidden_states=hidden)
-        logits = packed.gather(out.logits, L - n_response - 1, L - 1)
-        states = packed.gather(out.hidden_states[-1], L - n_response - 1, L - 1) if hidden else None
-        return logits, states
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                output_hidden_states=hidden, logits_to_keep=n_response + 1)
-    logits = out.logits[:, -(n_response + 1):-1]  # position t predicts token t + 1
-    states = out.hidden_states[-1][:, -(n_response + 1):-1] if hidden else None
-    return logits, states
 
 
 class ValueHead(nn.Module):
@@ -88,7 +66,7 @@ class ActorCritic(nn.Module):
     def forward(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0, with_entropy: bool = False,
                 packed: PackedBatch | None = None):
         """Log-probs of the given response tokens, values and (optionally) entropies, each ``[B, T]``.
-        ``packed``: the same batch packed (``rlhfkit.models.packing.pack``), to run on instead."""
+        ``packed``: the same batch packed (``rlhfkit.accel.packing.pack``), to run on instead."""
         logits, hidden = response_logits(self.policy, input_ids, attention_mask, n_response,
                                          hidden=self.value_head is not None, packed=packed)
         logits = logits.float() / temperature
@@ -99,11 +77,3 @@ class ActorCritic(nn.Module):
             values = self.value_model(input_ids, attention_mask, n_response, packed)
         entropy = entropy_from_logits(logits) if with_entropy else None
         return logprobs, values.float(), entropy
-
-
-@torch.no_grad()
-def reference_logprobs(ref_model, input_ids, attention_mask, n_response: int, temperature: float = 1.0,
-                       packed: PackedBatch | None = None) -> torch.Tensor:
-    """``[B, T]`` log-probs of the response under the frozen reference."""
-    logits, _ = response_logits(ref_model, input_ids, attention_mask, n_response, packed=packed)
-    return logprobs_from_logits(logits.float() / temperature, input_ids[:, -n_response:])

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from rlhfkit.data.collate import pad
+from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.models.sampling import ended_with_stop, sample_responses, stop_token_ids
 
 
@@ -46,12 +46,6 @@ class Rollout:
         return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def left_pad_prompts(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = pad(prompts, pad_id, side="left").to(device)
-    mask = pad([[1] * len(p) for p in prompts], 0, side="left").to(device)
-    return ids, mask
-
-
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
     """Sample one response per prompt with the KV cache (``rlhfkit.models.sampling``).
@@ -61,8 +55,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
     ``finished[i]`` is False for a response cut off at max_new_tokens.
     """
     responses = sample_responses(model, tokenizer, prompt_ids, generation, len(prompt_ids), device)
-    query_ids, query_mask = left_pad_prompts(prompt_ids, tokenizer.pad_token_id, device)
-    response_ids = pad(responses, tokenizer.pad_token_id).to(device)
-    response_mask = pad([[1] * len(r) for r in responses], 0).to(device)
+    query_ids, query_mask = pad_with_mask(prompt_ids, tokenizer.pad_token_id, "left", device)
+    response_ids, response_mask = pad_with_mask(responses, tokenizer.pad_token_id, "right", device)
     finished = ended_with_stop(responses, stop_token_ids(model, tokenizer))
     return query_ids, query_mask, response_ids, response_mask, finished

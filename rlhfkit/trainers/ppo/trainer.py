@@ -26,14 +26,15 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
 from rlhfkit.models.lora import adapters_off, apply_lora
-from rlhfkit.models.packing import PackedBatch, can_pack, pack
+from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
 from rlhfkit.models.reward import RewardScorer
-from rlhfkit.training import optim as opt
+from rlhfkit.training import updates
 from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import open_session
 from rlhfkit.training.stream import IndexStream
 from rlhfkit.trainers.ppo.monitor import HackingMonitor
-from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel, reference_logprobs
+from rlhfkit.models.forward import response_logprobs
+from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.ppo.reporting import GoldEvaluator, SampleWriter, rollout_metrics
 from rlhfkit.trainers.ppo.rollout import Rollout, generate
 from rlhfkit.trainers.ppo.scoring import shape_scores
@@ -53,14 +54,14 @@ class PPOTrainer:
                        if self.ppo.target_kl is not None else ops.FixedKLController(self.ppo.kl_coef))
         self.updates_per_step = self.ppo.ppo_epochs * self.ppo.num_minibatches
         optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * self.updates_per_step)
-        self.optimizer = opt.build_optimizer(self.ac, optim_args)
-        self.scheduler = opt.build_scheduler(self.optimizer, optim_args, session.total_steps * self.updates_per_step)
+        self.optimizer = updates.build_optimizer(self.ac, optim_args)
+        self.scheduler = updates.build_scheduler(self.optimizer, optim_args, session.total_steps * self.updates_per_step)
         self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
         value = actor_critic.value_model
         models = [self.policy, self.ref_model, value.backbone if value is not None else None]
-        self.packs = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
+        self.pack_sequences = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
 
     @property
     def policy(self):
@@ -68,7 +69,7 @@ class PPOTrainer:
 
     def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedBatch | None:
         """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded."""
-        return pack(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id) if self.packs else None
+        return pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id) if self.pack_sequences else None
 
     # ---- steps 1-6: experience -------------------------------------------------------------
     @property
@@ -117,9 +118,9 @@ class PPOTrainer:
                 logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature, packed=packed)
             if self.ref_model is None:  # LoRA: the reference is the same backbone with adapters off
                 with adapters_off(self.policy):
-                    ref_logprobs = reference_logprobs(self.policy, input_ids, attn, T, self.gen.temperature, packed)
+                    ref_logprobs = response_logprobs(self.policy, input_ids, attn, T, self.gen.temperature, packed)
             else:
-                ref_logprobs = reference_logprobs(self.ref_model, input_ids, attn, T, self.gen.temperature, packed)
+                ref_logprobs = response_logprobs(self.ref_model, input_ids, attn, T, self.gen.temperature, packed)
         mask = response_mask.float()
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
         timings["time/forward_s"] = time.perf_counter() - t
@@ -183,11 +184,11 @@ class PPOTrainer:
                     share = float(mb.response_mask.sum()) / max(mb_tokens, 1.0)  # token share: exact accumulation
                     return loss * share, {k: v * share for k, v in stats.items()}
 
-                stats = opt.accumulate(self.acc, self.ac, micro, loss_fn)
+                stats = updates.accumulate(self.acc, self.ac, micro, loss_fn)
                 if not math.isfinite(stats["loss/total"]):
                     self.optimizer.zero_grad(set_to_none=True)
                     return {"non_finite": 1.0}
-                stats["grad_norm"] = opt.step(self.acc, self.ac, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm)
+                stats["grad_norm"] = updates.step(self.acc, self.ac, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm)
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 n += 1
@@ -281,7 +282,7 @@ def train(cfg, scorer=None) -> dict:
     prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
 
     # 3. Session, trainer, resume.
-    steps = cfg.optim.max_steps if cfg.optim.max_steps > 0 else opt.total_steps(cfg.optim, len(examples), cfg.optim.batch_size)
+    steps = cfg.optim.max_steps if cfg.optim.max_steps > 0 else updates.total_steps(cfg.optim, len(examples), cfg.optim.batch_size)
     session = open_session(cfg, cfg.run, steps, desc="ppo")
     if scorer is None:
         scorer = RewardScorer.load(cfg.ppo.reward_model, session.device, cfg.model.trust_remote_code,

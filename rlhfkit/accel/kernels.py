@@ -1,14 +1,18 @@
-"""Swap slow activation modules for fused ones that compute the same function.
+"""Kernel swaps that compute the same function faster; ``rlhfkit.accel.prepare_model`` applies them.
 
-GPT-2-family models ("gelu_new") build the tanh approximation of GELU,
-``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``, out of ~8 separate tensor ops, each reading and
-writing the whole ``[B, L, 4H]`` activation and each saving inputs for backward. PyTorch has the same
-formula as one kernel (``F.gelu(x, approximate="tanh")``). On this project's CPU benchmark the fused
-version's forward + backward is ~3.5x faster at the small model's MLP shape, ~7% of a PPO step.
-Outputs agree to float rounding (~2e-7); weights and saved configs are untouched.
+Fused tanh-GELU: GPT-2-family models ("gelu_new") build ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``
+out of ~8 separate tensor ops, each reading and writing the whole ``[B, L, 4H]`` activation and saving
+inputs for backward. PyTorch has the same formula as one kernel (``F.gelu(x, approximate="tanh")``), ~3.5x
+faster forward + backward at a small GPT-2's MLP shape on CPU. Outputs agree to float rounding (~2e-7).
+
+oneDNN fp32 linears: see the section below. Both swaps change module classes in memory only; weights,
+state-dict names and saved configs are untouched.
 """
 
 from __future__ import annotations
+
+import functools
+import time
 
 import torch
 from torch import nn
@@ -43,39 +47,55 @@ def fuse_activations(model: nn.Module) -> int:
 
 # ---- fp32 linear layers on CPU through oneDNN ----------------------------------------------------------------
 # PyTorch's CPU matmuls in fp32 go to MKL's sgemm. On CPUs where MKL does not pick its AVX-512 code (AMD's,
-# such as this project's benchmark machine) oneDNN's fp32 kernels run the same products ~2.2x faster (480 vs
-# 218 GFLOP/s at the small benchmark model's shapes on 2 threads), in IEEE fp32 as well: the results differ
-# from MKL's only by the order of the float sums (relative error vs float64 7e-7 here, against 5e-7 for
-# MKL and 2e-3 for bf16 inputs). oneDNN builds a kernel per matrix shape and caches it (~1 MB each), so the
-# row count M is padded up to one of 8 sizes per power of two (zero rows: exact, at most 1/8 more work) and a
-# run meets a bounded set of shapes. RLHFKIT_ONEDNN_LINEAR=0 turns it off.
+# for one) oneDNN's fp32 kernels run the same products about twice as fast, in IEEE fp32 as well: the
+# results differ from MKL's only by the order of the float sums. Where MKL is the faster one, the start-up
+# self-check (``onednn_ready``) keeps the default path. oneDNN builds a kernel per matrix shape and caches it
+# (~1 MB each), so the row count M is padded up to one of 8 sizes per power of two (zero rows: exact, at most
+# 1/8 more work) and a run meets a bounded set of shapes.
 ONEDNN_MIN_MACS = 1 << 22  # smaller products stay on the default path (per-call overhead dominates there)
+SELF_CHECK_SPEEDUP = 1.1  # oneDNN must beat F.linear by this factor at the self-check's shape to be used
 
 
-def _onednn_enabled() -> bool:
-    import os
-
-    if os.environ.get("RLHFKIT_ONEDNN_LINEAR", "1") == "0":
-        return False
+def _onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-_ONEDNN = None  # decided on first use: available and agreeing with the default path
+def _best_time(fn, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _self_check() -> bool:
+    """oneDNN's product equals ``F.linear``'s (to fp32 rounding) and is faster at a transformer-sized shape."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=g) for s in ((70, 48), (40, 48), (40,)))
+    if not torch.allclose(_mm(x, w.t(), b), nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5):
+        return False
+    x, w = torch.randn(512, 256, generator=g), torch.randn(1024, 256, generator=g)  # 134M multiply-adds
+    wt = w.t()
+    for _ in range(2):  # warm-up: the first calls build kernels
+        _mm(x, wt)
+        nn.functional.linear(x, w)
+    onednn = _best_time(lambda: _mm(x, wt))
+    default = _best_time(lambda: nn.functional.linear(x, w))
+    return onednn * SELF_CHECK_SPEEDUP < default
+
+
+_ONEDNN: bool | None = None  # decided once per process, on first use
 
 
 def onednn_ready() -> bool:
-    """Whether fp32 CPU linears go through oneDNN here (checked once against ``F.linear``)."""
+    """Whether fp32 CPU linears go through oneDNN in this process: available, correct and faster here."""
     global _ONEDNN
     if _ONEDNN is None:
-        _ONEDNN = False
-        if _onednn_enabled():
-            try:
-                g = torch.Generator().manual_seed(0)
-                x, w, b = (torch.randn(s, generator=g) for s in ((70, 48), (40, 48), (40,)))
-                ok = torch.allclose(_mm(x, w.t(), b), nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
-                _ONEDNN = bool(ok)
-            except RuntimeError:
-                pass
+        try:
+            _ONEDNN = _onednn_available() and _self_check()
+        except RuntimeError:
+            _ONEDNN = False
     return _ONEDNN
 
 
@@ -142,7 +162,10 @@ class OneDNNLinear(nn.Linear):
         return super().forward(x) if y is None else y
 
 
-def _conv1d_class():
+@functools.cache
+def _conv1d_swap() -> tuple[type, type] | None:
+    """(GPT-2's ``Conv1D``, its oneDNN subclass), built on first use so importing this module imports no
+    transformers."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # pragma: no cover
@@ -158,15 +181,13 @@ def _conv1d_class():
     return Conv1D, OneDNNConv1D
 
 
-_CONV1D = _conv1d_class()
-
-
 def fast_linears(model: nn.Module) -> int:
     """Give every ``nn.Linear`` and GPT-2 ``Conv1D`` of ``model`` the oneDNN fp32 CPU path (the modules keep
     their parameters, names and state dict; on other devices and dtypes they run as before). Returns how many."""
-    swaps = {nn.Linear: OneDNNLinear}
-    if _CONV1D is not None:
-        swaps[_CONV1D[0]] = _CONV1D[1]
+    swaps: dict[type, type] = {nn.Linear: OneDNNLinear}
+    conv1d = _conv1d_swap()
+    if conv1d is not None:
+        swaps[conv1d[0]] = conv1d[1]
     changed = 0
     for module in model.modules():
         new = swaps.get(type(module))
@@ -174,9 +195,3 @@ def fast_linears(model: nn.Module) -> int:
             module.__class__ = new
             changed += 1
     return changed
-
-
-def use_fast_kernels(model: nn.Module) -> None:
-    """The swaps applied to every model rlhfkit loads: fused tanh-GELU and the oneDNN fp32 CPU linears."""
-    fuse_activations(model)
-    fast_linears(model)

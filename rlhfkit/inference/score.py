@@ -15,6 +15,7 @@ from rlhfkit.data.readers import read_rows
 from rlhfkit.data.schema import to_example
 from rlhfkit.errors import UserError
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.training.runtime import pick_device
 
 
 def run(cfg) -> Path:
@@ -26,7 +27,7 @@ def run(cfg) -> Path:
         raise UserError(f"{output}: --output is a directory; give a file name")
 
     # 2. Score with the reward model's own tokenizer.
-    device = torch.device("cuda" if torch.cuda.is_available() and not cfg.io.cpu else "cpu")
+    device = pick_device(cfg.io.cpu)
     scorer = RewardScorer.load(cfg.score.reward_model, device, cfg.score.trust_remote_code)
     scorer.max_prompt_length = cfg.io.max_prompt_length
     scores = scorer.score([ex.prompt for ex in examples], [ex.response for ex in examples], cfg.io.batch_size)

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.data.collate import pad
+from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.errors import UserError
-from rlhfkit.evaluation.text_stats import text_stats
+from rlhfkit.data.text_stats import text_stats
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, ended_with_stop, sample_responses, stop_token_ids
 from rlhfkit.training.batches import chunks
-from rlhfkit.trainers.ppo.policy import reference_logprobs
+from rlhfkit.training.runtime import pick_device
+from rlhfkit.models.forward import response_logprobs
 
 
 @torch.no_grad()
@@ -31,13 +32,11 @@ def sequence_kl(policy, reference, prompt_ids, responses, pad_id: int, temperatu
     """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL)."""
     out = []
     for idx in chunks(list(range(len(responses))), batch_size):
-        q = pad([prompt_ids[i] for i in idx], pad_id, side="left").to(device)
-        qm = pad([[1] * len(prompt_ids[i]) for i in idx], 0, side="left").to(device)
-        r = pad([responses[i] for i in idx], pad_id).to(device)
-        rm = pad([[1] * len(responses[i]) for i in idx], 0).to(device)
+        q, qm = pad_with_mask([prompt_ids[i] for i in idx], pad_id, "left", device)
+        r, rm = pad_with_mask([responses[i] for i in idx], pad_id, "right", device)
         ids, mask, T = torch.cat([q, r], 1), torch.cat([qm, rm], 1), r.shape[1]
-        lp = reference_logprobs(policy, ids, mask, T, temperature)
-        lr = reference_logprobs(reference, ids, mask, T, temperature)
+        lp = response_logprobs(policy, ids, mask, T, temperature)
+        lr = response_logprobs(reference, ids, mask, T, temperature)
         out += ((lp - lr) * rm).sum(dim=1).tolist()
     return out
 
@@ -87,7 +86,7 @@ def run(cfg) -> dict:
             judge = get_judge(cfg.eval.gold_judge)
         except ValueError as exc:
             raise UserError(f"--gold-judge: {exc}") from None
-    device = "cpu" if cfg.io.cpu or not torch.cuda.is_available() else "cuda"
+    device = pick_device(cfg.io.cpu)
     metrics, rows = evaluate_policy(cfg.model.model, [ex.prompt for ex in examples], cfg.generation,
                                     reward_model=cfg.eval.reward_model, reference=cfg.eval.reference_model, judge=judge,
                                     seed=cfg.io.seed, batch_size=cfg.io.batch_size,

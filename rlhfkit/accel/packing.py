@@ -9,7 +9,7 @@ is the one the padded batch gives (up to the rounding of reordered float sums).
 The price is attention over longer rows (``rows x width^2``), so ``plan_rows`` picks the packing with the
 lowest estimated cost and packs only when that saves at least ``MIN_SAVING``. Packing needs the model to take
 a ready-made 4-D mask and position ids: the architectures in ``PACKABLE_MODEL_TYPES`` (each checked against
-the padded forward in tests/foundation/test_packing.py) with ``sdpa`` or ``eager`` attention.
+the padded forward in the tests) with ``sdpa`` or ``eager`` attention.
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.models.lora import base_model
+from rlhfkit.models.unwrap import base_model
 
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
 MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
-# Attention costs ~ width / (SPAN_PER_HIDDEN * hidden) of a token's matmuls per position (fitted on the
-# benchmark's GPT-2 shapes with the CPU sdpa kernel; it only steers the choice of the row width).
+# Attention costs ~ width / (SPAN_PER_HIDDEN * hidden) of a token's matmuls per position (fitted on small GPT-2
+# shapes with the CPU sdpa kernel; it only steers the choice of the row width).
 SPAN_PER_HIDDEN = 3
-# In 16-bit compute, rows are padded to a multiple of this width, so a run meets a handful of distinct shapes:
-# CPU bf16 matmuls (oneDNN) build and cache kernels per shape, and with exact widths a 20-step bf16 PPO run on
-# the benchmark's small model held ~150 MB more memory (and spent time building kernels); GPU tensor cores
-# also favour multiples of 8. In fp32 the linear layers bound their own shapes (rlhfkit.models.kernels pads the
-# row count of each product to one of 8 sizes per power of two), so fp32 rows are exactly as wide as their
-# longest load: attention and the elementwise work see only those positions (the rounding had cost the
-# benchmark's small PPO step up to 7% more, 704 vs 656; the matmuls' own padding may take some of that back).
+# In 16-bit compute, row widths are rounded up to a multiple of this, so a run meets a handful of distinct
+# shapes: oneDNN's bf16 CPU matmuls build and cache a kernel per shape (exact widths held ~150 MB more over
+# a 20-step PPO run of a 7.5M-parameter model), and GPU tensor cores favour multiples of 8. In fp32 the
+# linear layers bound their own shapes (``rlhfkit.accel.kernels.padded_rows``), so rows are exactly as wide
+# as their longest load and attention sees no extra positions.
 ROW_MULTIPLE = 8
 
 
@@ -127,7 +125,7 @@ class PackedBatch:
         return flat.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[2:])
 
 
-def pack(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int = 0) -> PackedBatch | None:
+def pack_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int = 0) -> PackedBatch | None:
     """Pack a padded batch for ``model`` (see ``can_pack``), or None when packing would not pay off.
 
     ``input_ids``, ``attention_mask``: ``[B, L]``; the real tokens of a row are those with mask 1, in order.

@@ -16,11 +16,7 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, sample_responses
-from rlhfkit.training.runtime import seed_everything
-
-
-def pick_device(cpu: bool) -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
+from rlhfkit.training.runtime import pick_device, seed_everything
 
 
 def run(cfg) -> Path:

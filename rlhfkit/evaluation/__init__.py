@@ -1,1 +1,0 @@
-"""Evaluation of a policy: RM score, gold score, KL to a reference, and text statistics."""

@@ -1,0 +1,1 @@
+"""Commands that use a model without training it: `generate`, `score` and `eval`."""

@@ -1,6 +1,16 @@
-"""rlhfkit: RLHF on one machine — SFT, Bradley–Terry reward models, PPO with a KL penalty, and DPO."""
+"""rlhfkit: RLHF on one machine — SFT, Bradley–Terry reward models, PPO with a KL penalty, and DPO.
 
+The command line is ``rlhfkit COMMAND``; the same commands are Python functions here::
+
+    import rlhfkit
+    result = rlhfkit.sft(model="base", data="sft.jsonl", output_dir="out/sft", max_steps=100)
+
+See ``rlhfkit.api`` for what they take and return.
+"""
+
+from rlhfkit.api import Result, demo, dpo, evaluate, generate, init_model, ppo, rm, score, sft
 from rlhfkit.errors import UserError
 
 __version__ = "0.1.0"
-__all__ = ["UserError", "__version__"]
+__all__ = ["Result", "UserError", "__version__", "demo", "dpo", "evaluate", "generate", "init_model", "ppo", "rm",
+           "score", "sft"]

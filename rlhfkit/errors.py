@@ -7,12 +7,3 @@ class UserError(Exception):
     Messages name what is wrong and where: the file, the line or row, and the field.
     """
 
-
-def where(path, line=None, field=None) -> str:
-    """Format a location as ``path:line: field`` (parts omitted when unknown)."""
-    text = str(path)
-    if line is not None:
-        text += f":{line}"
-    if field is not None:
-        text += f": field '{field}'"
-    return text

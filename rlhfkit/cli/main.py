@@ -49,6 +49,18 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def execute(name: str, config):
+    """Run command ``name`` on a parsed config; returns what the command returns."""
+    module, func = COMMANDS[name].target.split(":")
+    return getattr(importlib.import_module(module), func)(config)
+
+
+def run_command(name: str, argv: list[str]):
+    """Parse ``argv`` exactly as ``rlhfkit NAME ...`` does and run the command (errors raise UserError)."""
+    config, _ = parse_config(f"rlhfkit {name}", COMMANDS[name].config, argv, COMMANDS[name].summary)
+    return execute(name, config)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -63,8 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, debug = parse_config(f"rlhfkit {name}", command.config, rest, command.summary)
         _quiet_libraries(debug)
-        module, func = command.target.split(":")
-        getattr(importlib.import_module(module), func)(config)
+        execute(name, config)
     except UserError as exc:
         if debug:
             traceback.print_exc()
@@ -79,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_libraries(debug: bool) -> None:
+    """The command line's environment: no hub access at all, and other libraries' chatter silenced."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not debug:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
         logging.getLogger("transformers").setLevel(logging.ERROR)
         try:
             from transformers.utils import logging as hf_logging

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional
 
+from rlhfkit.config import options
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError
 
@@ -50,8 +51,7 @@ class InitModelConfig:
     """tiny is about 0.25M parameters, small about 10M."""
     vocab_size: int = 0
     """BPE vocabulary size; 0 uses the size's default (1024 tiny, 4096 small)."""
-    seed: int = 42
-    """Seed for the random initialisation."""
+    seed: int = options.seed()
 
     def check(self) -> None:
         _at_least(0, vocab_size=self.vocab_size)
@@ -216,15 +216,11 @@ class IOArgs:
     data: str = ""
     """Input rows (.jsonl, .json, .parquet or a datasets folder)."""
     output: str = ""
-    """Output JSONL file."""
-    batch_size: int = 16
-    """Rows per forward pass."""
-    seed: int = 42
-    """Random seed for sampling."""
-    cpu: bool = False
-    """Run on the CPU even when a GPU is present."""
-    max_prompt_length: int = 128
-    """Longest prompt in tokens; longer prompts keep their last tokens."""
+    """Output file: JSONL rows (generate, score), or a JSON of metrics with the samples in FILE.samples.jsonl (eval)."""
+    batch_size: int = options.batch_size(16)
+    seed: int = options.seed()
+    cpu: bool = options.cpu()
+    max_prompt_length: int = options.max_prompt_length()
 
 
 @dataclass
@@ -243,8 +239,7 @@ class GenerateConfig:
 class ScoreArgs:
     reward_model: str = ""
     """Reward model directory made by `rlhfkit rm` (or any one-label sequence classifier)."""
-    trust_remote_code: bool = False
-    """Run Python code shipped inside the model directory. Off unless you trust that code."""
+    trust_remote_code: bool = options.trust_remote_code()
 
 
 @dataclass
@@ -288,8 +283,7 @@ class DemoConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     output_dir: str = "runs/demo"
     """Where the data, every stage's model, report.md, summary.json and the plots go."""
-    seed: int = 0
-    """Seed of the task data and of every stage."""
+    seed: int = options.seed(0)
     arch: Literal["gpt2", "llama"] = "gpt2"
     """Architecture of the small model the demo trains."""
     size: Literal["tiny", "small"] = "tiny"

@@ -36,4 +36,7 @@ def field_docs(cls: type) -> dict[str, str]:
                 and isinstance(nxt.value.value, str)
             ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
+        for f in dataclasses.fields(klass):  # shared options carry their help in the field's metadata
+            if "doc" in f.metadata:
+                docs[f.name] = f.metadata["doc"]
     return docs

@@ -46,7 +46,7 @@ def leaves(config: Any, prefix: tuple[str, ...] = (), group: str = "") -> list[L
             out.append(Leaf(f.name, prefix + (f.name,), hints[f.name], value, docs.get(f.name, ""), group))
     names = [leaf.name for leaf in out]
     duplicated = {n for n in names if names.count(n) > 1}
-    assert not duplicated, f"option names must be unique across config parts: {duplicated}"
+    assert not duplicated, f"option names must be unique within a command's config: {duplicated}"
     return out
 
 
@@ -108,7 +108,7 @@ def _set(config: Any, path: tuple[str, ...], value: Any) -> None:
     setattr(config, path[-1], value)
 
 
-def _flat_yaml(data: dict, source: str, part_names: set[str]) -> dict[str, Any]:
+def _flat_yaml(data: dict, part_names: set[str]) -> dict[str, Any]:
     """Accept flat keys (``learning_rate: 1e-5``) and keys nested under a part (``optim: {...}``)."""
     flat = {}
     for key, value in data.items():
@@ -172,8 +172,7 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
 
 def parse_config(prog: str, config_cls: type, argv: list[str], description: str = "") -> tuple[Any, bool]:
     """Parse ``argv`` into a ``config_cls`` instance; returns (config, debug). Bad input raises UserError."""
-    config = config_cls()
-    parser = build_parser(prog, config, description)
+    parser = build_parser(prog, config_cls(), description)
 
     def fail(message: str):  # argparse prints usage and exits 2; we want our one-line error
         raise UserError(f"{prog}: {message} (see {prog} --help)")
@@ -181,19 +180,33 @@ def parse_config(prog: str, config_cls: type, argv: list[str], description: str 
     parser.error = fail  # type: ignore[method-assign]
     ns = vars(parser.parse_args(argv))
     debug = bool(ns.pop("debug", False))
-    by_name = {leaf.name: leaf for leaf in leaves(config)}
-    part_names = {f.name for f in dataclasses.fields(config) if dataclasses.is_dataclass(getattr(config, f.name))}
-
     values: dict[str, tuple[Any, str]] = {}
     if "config" in ns:
         cfg_path = ns.pop("config")
-        for key, value in _flat_yaml(load_yaml(cfg_path), cfg_path, part_names).items():
-            if key not in by_name:
+        known = {leaf.name for leaf in leaves(config_cls())}
+        for key, value in _flat_yaml(load_yaml(cfg_path), part_names(config_cls())).items():
+            if key not in known:
                 raise UserError(f"{cfg_path}: unknown option '{key}' for {prog}")
             values[key] = (value, f"{cfg_path}: option '{key}'")
     for key, value in ns.items():
         values[key] = (value, f"{prog}: --{key.replace('_', '-')}")
+    return build_config(prog, config_cls, values), debug
+
+
+def part_names(config: Any) -> set[str]:
+    """Names of the config's parts (its nested dataclass fields, e.g. ``optim``)."""
+    return {f.name for f in dataclasses.fields(config) if dataclasses.is_dataclass(getattr(config, f.name))}
+
+
+def build_config(prog: str, config_cls: type, values: dict[str, tuple[Any, str]], base: Any = None) -> Any:
+    """A ``config_cls`` instance (or ``base``, updated in place) from ``{option: (value, origin)}``: every value
+    converted to its option's type, required options present, the config's own checks run. ``origin`` names
+    where a value came from in error messages (``"rlhfkit sft: --max-steps"``)."""
+    config = config_cls() if base is None else base
+    by_name = {leaf.name: leaf for leaf in leaves(config)}
     for key, (value, origin) in values.items():
+        if key not in by_name:
+            raise UserError(f"{prog}: unknown option '{key}'")
         leaf = by_name[key]
         try:
             _set(config, leaf.path, convert(leaf, value))
@@ -206,7 +219,7 @@ def parse_config(prog: str, config_cls: type, argv: list[str], description: str 
     check = getattr(config, "check", None)
     if check is not None:
         check()
-    return config, debug
+    return config
 
 
 def _get_part(config: Any, path: tuple[str, ...]) -> Any:

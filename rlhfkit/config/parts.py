@@ -1,7 +1,9 @@
 """Config parts shared by the commands. Each option is defined once here, documented by the string under it.
 
 A command's config (see ``commands.py``) is a dataclass composed of these parts; the CLI flattens the
-parts, so ``--learning-rate`` reaches ``cfg.optim.learning_rate``. Field names are unique across parts.
+parts, so ``--learning-rate`` reaches ``cfg.optim.learning_rate``. Field names are unique within a command.
+Options that several parts share (seed, cpu, batch size, trust-remote-code, prompt length) come from
+``options.py``.
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rlhfkit.config import options
+
 
 @dataclass
 class ModelArgs:
     model: str = ""
     """Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files)."""
-    trust_remote_code: bool = False
-    """Run Python code shipped inside the model directory. Off unless you trust that code."""
+    trust_remote_code: bool = options.trust_remote_code()
 
 
 @dataclass
@@ -35,19 +38,18 @@ class DataArgs:
     data: str = ""
     """Training data: a .jsonl, .json or .parquet file, or a datasets.save_to_disk folder."""
     eval_data: str = ""
-    """Held-out data in the same format; evaluated every --eval-steps and at the end."""
+    """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo: the held-out prompts
+    that --gold-judge scores every --gold-steps)."""
     max_length: int = 256
     """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start)."""
-    max_prompt_length: int = 128
-    """Longest prompt in tokens; longer prompts keep their last tokens."""
+    max_prompt_length: int = options.max_prompt_length()
 
 
 @dataclass
 class OptimArgs:
     learning_rate: float = 2e-5
     """Peak learning rate of AdamW."""
-    batch_size: int = 8
-    """Rows per micro-batch on each process."""
+    batch_size: int = options.batch_size(8)
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step (effective batch = batch_size x this x processes)."""
     max_steps: int = -1
@@ -68,8 +70,7 @@ class OptimArgs:
 class RunArgs:
     output_dir: str = ""
     """Where the final model, metrics.jsonl, tensorboard/, checkpoints/ and config.yaml go."""
-    seed: int = 42
-    """Random seed for data order, initialisation and sampling."""
+    seed: int = options.seed()
     logging_steps: int = 1
     """Log metrics every N steps."""
     eval_steps: int = 0
@@ -81,11 +82,10 @@ class RunArgs:
     resume: bool = False
     """Continue from the newest complete checkpoint in --output-dir."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    """Autocast precision; 'auto' is bf16 on a GPU that supports it, else full precision. On a CPU with
-    native bf16 matmuls (AVX512-BF16 / AMX), 'bf16' about halves a PPO step for models of a few million
-    parameters and up; for tiny models the casts cost more than they save."""
-    cpu: bool = False
-    """Run on the CPU even when a GPU is present."""
+    """Autocast precision; 'auto' is bf16 on a GPU that supports it, else full precision. On a CPU with native
+    bf16 matmuls (AVX512-BF16 / AMX), 'bf16' can speed up models of a few million parameters and up; for tiny
+    models the casts cost more than they save."""
+    cpu: bool = options.cpu()
     progress: bool = True
     """Show a progress bar."""
 

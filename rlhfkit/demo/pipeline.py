@@ -13,7 +13,6 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rlhfkit.config.parse import parse_config
 
 console = Console(stderr=True)
 
@@ -36,14 +35,10 @@ EVAL_SAMPLES_PER_PROMPT = 4
 
 
 def _run(command: str, argv: str):
-    """Parse flags exactly as the CLI does and run the command's function."""
-    from rlhfkit.cli.main import COMMANDS
-    import importlib
+    """Parse flags exactly as the CLI does and run the command."""
+    from rlhfkit.cli.main import run_command
 
-    cmd = COMMANDS[command]
-    cfg, _ = parse_config(f"rlhfkit {command}", cmd.config, argv.split())
-    module, func = cmd.target.split(":")
-    return getattr(importlib.import_module(module), func)(cfg)
+    return run_command(command, argv.split())
 
 
 class Stages:

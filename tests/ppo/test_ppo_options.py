@@ -130,7 +130,7 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
 
     monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)  # attention looks free: pack as tightly as possible
     packed_calls = []
-    pack = packing.pack
+    pack_batch = packing.pack_batch
     monkeypatch.setattr("rlhfkit.trainers.ppo.trainer.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1])
     model, prompts = thanks_task
     extra = f"--value-model {make_reward_model(model, tmp_path / 'rm')}" if value == "separate" else ""

@@ -1,5 +1,5 @@
 """Data sets of the support task: SFT demonstrations, noisy preference pairs, prompts
-for PPO, and the tokenizer corpus, written as JSONL files (SPEC section 3 field names).
+for PPO, and the tokenizer corpus, written as JSONL files with TRL's field names.
 
 Rows never carry gold scores, so a trainer cannot see the hidden judge.
 """

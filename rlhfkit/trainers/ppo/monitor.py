@@ -1,4 +1,4 @@
-"""Signs of reward hacking during PPO (the seeds' list: verbosity, repetition, proxy up while gold down).
+"""Signs of reward hacking during PPO: verbosity, repetition, and the proxy score rising while the gold score falls.
 
 The first rollout comes from the starting policy (= the reference), so its length and repetition are
 the baseline. A warning is printed (and counted in ``monitor/warnings``) when:

@@ -18,7 +18,7 @@ SAMPLES_PER_STEP = 4
 
 
 def rollout_metrics(r: Rollout, kl_coef: float) -> dict[str, float]:
-    """SPEC §4 PPO metrics that come from the experience itself (the update adds the loss terms)."""
+    """The PPO metrics that come from the experience itself (the update adds the loss terms)."""
     mask = r.response_mask.float()
     kl_seq = ((r.logprobs - r.ref_logprobs) * mask).sum(dim=1)  # [B] per-sequence KL (k1 estimate)
     k3 = ops.kl_penalty(r.logprobs, r.ref_logprobs, "k3") * mask

@@ -21,6 +21,7 @@ from dataclasses import replace
 import torch
 
 from rlhfkit import ops
+from rlhfkit.config.commands import PPOConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
@@ -45,18 +46,19 @@ MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
 class PPOTrainer:
     """Holds the four roles and runs ``ppo_step``. Built by ``train(cfg)``; usable from Python too."""
 
-    def __init__(self, cfg, actor_critic: ActorCritic, ref_model, scorer: RewardScorer, tokenizer, session):
+    def __init__(self, cfg: PPOConfig, actor_critic: ActorCritic, ref_model, scorer: RewardScorer, tokenizer, session):
         self.cfg, self.ppo, self.gen = cfg, cfg.ppo, cfg.generation
-        self.ac, self.ref_model, self.scorer, self.tokenizer, self.session = actor_critic, ref_model, scorer, tokenizer, session
-        self.acc = session.accelerator
+        self.actor_critic, self.ref_model, self.scorer = actor_critic, ref_model, scorer
+        self.tokenizer, self.session = tokenizer, session
+        self.accelerator = session.accelerator
         self.device = session.device
         self.kl_ctl = (ops.AdaptiveKLController(self.ppo.kl_coef, self.ppo.target_kl, self.ppo.kl_horizon)
                        if self.ppo.target_kl is not None else ops.FixedKLController(self.ppo.kl_coef))
         self.updates_per_step = self.ppo.ppo_epochs * self.ppo.num_minibatches
         optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * self.updates_per_step)
-        self.optimizer = updates.build_optimizer(self.ac, optim_args)
+        self.optimizer = updates.build_optimizer(self.actor_critic, optim_args)
         self.scheduler = updates.build_scheduler(self.optimizer, optim_args, session.total_steps * self.updates_per_step)
-        self.ac, self.optimizer = self.acc.prepare(self.ac, self.optimizer)
+        self.actor_critic, self.optimizer = self.accelerator.prepare(self.actor_critic, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
         value = actor_critic.value_model
@@ -65,7 +67,7 @@ class PPOTrainer:
 
     @property
     def policy(self):
-        return self.acc.unwrap_model(self.ac).policy
+        return self.accelerator.unwrap_model(self.actor_critic).policy
 
     def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedBatch | None:
         """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded."""
@@ -85,37 +87,36 @@ class PPOTrainer:
         """Steps 1-6. Returns the rollout, the first epoch's forward outputs when they are reused
         (``reuses_first_pass``; else None), and timings."""
         timings = {}
-        t0 = t = time.perf_counter()
+        step_start = phase_start = time.perf_counter()
         eos = self.tokenizer.eos_token_id
         # 1. Generate.
-        self.ac.eval()
+        self.actor_critic.eval()
         query_ids, query_mask, response_ids, response_mask, finished = generate(
             self.policy, self.tokenizer, prompt_ids, self.gen, self.device)
-        timings["time/generate_s"] = time.perf_counter() - t
+        timings["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Score.
-        t = time.perf_counter()
+        phase_start = time.perf_counter()
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         out = self.scorer.score(prompts, texts, finished=finished)
         raw = out.mean.to(self.device).float()
-        std = out.std.to(self.device).float() if out.std is not None else None
-        scores = shape_scores(raw, std, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k,
-                              eos, response_ids)
-        timings["time/score_s"] = time.perf_counter() - t
+        scores = shape_scores(out, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k, eos,
+                              response_ids)
+        timings["time/score_s"] = time.perf_counter() - phase_start
         # 3-4. Old log-probs and values (one pass), reference log-probs.
-        t = time.perf_counter()
+        phase_start = time.perf_counter()
         input_ids = torch.cat([query_ids, response_ids], 1)
         attn = torch.cat([query_mask, response_mask], 1)
         T = response_ids.shape[1]
         first_pass = None
-        with self.acc.autocast():
+        with self.accelerator.autocast():
             packed = self.packed(input_ids, attn)
             if self.reuses_first_pass:
-                self.ac.train()
+                self.actor_critic.train()
                 with torch.enable_grad():
-                    first_pass = self.ac(input_ids, attn, T, self.gen.temperature, True, packed=packed)
+                    first_pass = self.actor_critic(input_ids, attn, T, self.gen.temperature, True, packed=packed)
                 logprobs, values = first_pass[0].detach(), first_pass[1].detach()
             else:
-                logprobs, values, _ = self.ac(input_ids, attn, T, self.gen.temperature, packed=packed)
+                logprobs, values, _ = self.actor_critic(input_ids, attn, T, self.gen.temperature, packed=packed)
             if self.ref_model is None:  # LoRA: the reference is the same backbone with adapters off
                 with adapters_off(self.policy):
                     ref_logprobs = response_logprobs(self.policy, input_ids, attn, T, self.gen.temperature, packed)
@@ -123,7 +124,7 @@ class PPOTrainer:
                 ref_logprobs = response_logprobs(self.ref_model, input_ids, attn, T, self.gen.temperature, packed)
         mask = response_mask.float()
         logprobs, ref_logprobs, values = logprobs * mask, ref_logprobs * mask, values * mask
-        timings["time/forward_s"] = time.perf_counter() - t
+        timings["time/forward_s"] = time.perf_counter() - phase_start
         # 5. KL-penalised per-token rewards.
         kl = ops.kl_penalty(logprobs, ref_logprobs, self.ppo.kl_estimator) * mask
         rewards = ops.per_token_rewards(scores, kl, mask, self.kl_ctl.value)
@@ -136,7 +137,7 @@ class PPOTrainer:
             advantages = ops.masked_whiten(advantages, mask) * mask
         rollout = Rollout(query_ids, query_mask, response_ids, response_mask, scores, raw, logprobs, ref_logprobs,
                           values, rewards, advantages, returns)
-        timings["time/rollout_s"] = time.perf_counter() - t0
+        timings["time/rollout_s"] = time.perf_counter() - step_start
         return rollout, first_pass, timings
 
     # ---- step 7: PPO epochs -------------------------------------------------------------------
@@ -147,7 +148,7 @@ class PPOTrainer:
         mask = mb.response_mask.float()
         if outputs is None:
             input_ids, attn = mb.input_ids, mb.attention_mask
-            outputs = self.ac(input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn))
+            outputs = self.actor_critic(input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn))
         logprobs, values, entropy = outputs
         pg_loss, pg_stats = ops.ppo_policy_loss(logprobs, mb.logprobs, mb.advantages, mask, self.ppo.clip_eps)
         vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.ppo.value_clip)
@@ -169,7 +170,7 @@ class PPOTrainer:
         micro_size = mb_size // self.cfg.optim.gradient_accumulation_steps
         sums: dict[str, float] = {}
         n = 0
-        self.ac.train()
+        self.actor_critic.train()
         for epoch in range(self.ppo.ppo_epochs):
             order = torch.randperm(B, generator=self.shuffle)
             reuse = epoch == 0 and first_pass is not None
@@ -184,35 +185,35 @@ class PPOTrainer:
                     share = float(mb.response_mask.sum()) / max(mb_tokens, 1.0)  # token share: exact accumulation
                     return loss * share, {k: v * share for k, v in stats.items()}
 
-                stats = updates.accumulate(self.acc, self.ac, micro, loss_fn)
+                stats = updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn)
                 if not math.isfinite(stats["loss/total"]):
                     self.optimizer.zero_grad(set_to_none=True)
                     return {"non_finite": 1.0}
-                stats["grad_norm"] = updates.step(self.acc, self.ac, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm)
+                stats["grad_norm"] = updates.step(self.accelerator, self.actor_critic, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm)
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 n += 1
         return {k: v / n for k, v in sums.items()}
 
     def ppo_step(self, prompts: list, prompt_ids: list[list[int]]) -> dict:
-        t0 = time.perf_counter()
+        step_start = time.perf_counter()
         rollout, first_pass, timings = self.make_rollout(prompts, prompt_ids)
         if not torch.isfinite(rollout.rewards).all() or not torch.isfinite(rollout.advantages).all():
             return self._skip("reward")
-        t = time.perf_counter()
+        phase_start = time.perf_counter()
         train_stats = self.train_epochs(rollout, first_pass)
         del first_pass
         if "non_finite" in train_stats:
             return self._skip("loss")
         self.bad_steps = 0
-        timings["time/update_s"] = time.perf_counter() - t
+        timings["time/update_s"] = time.perf_counter() - phase_start
         # 8. Control and log.
         metrics = rollout_metrics(rollout, self.kl_ctl.value)
         self.kl_ctl.update(metrics["kl/ref"], n_steps=rollout.scores.shape[0])
         metrics.update(train_stats)
         metrics.update(timings)
         metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
-        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["time/step_s"] = time.perf_counter() - step_start
         metrics["_rollout"] = rollout
         return metrics
 
@@ -225,12 +226,12 @@ class PPOTrainer:
         return {}
 
     def refresh_reference(self) -> None:
-        """Copy the current policy into the frozen reference (the seeds' optional step 11)."""
+        """Copy the current policy into the frozen reference (an optional step of the loop: the KL then measures drift from a recent policy)."""
         self.ref_model.load_state_dict(self.policy.state_dict())
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def checkpoint_models(self) -> dict:
-        models = {"actor_critic": self.ac}
+        models = {"actor_critic": self.actor_critic}
         if self.ppo.ref_update_steps and self.ref_model is not None:
             models["reference"] = self.ref_model
         return models
@@ -248,7 +249,7 @@ class PPOTrainer:
         self.shuffle.set_state(state["shuffle"])
 
 
-def build_models(cfg, tokenizer):
+def build_models(cfg: PPOConfig, tokenizer):
     """Policy (+LoRA), value function, and the frozen reference (None in LoRA mode)."""
     policy = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     disable_dropout(policy)
@@ -265,7 +266,7 @@ def build_models(cfg, tokenizer):
     return ActorCritic(policy, value_model), ref_model
 
 
-def train(cfg, scorer=None) -> dict:
+def train(cfg: PPOConfig, scorer=None) -> dict:
     """Run PPO as configured. ``scorer`` replaces the reward model (any object with RewardScorer's
     ``score(prompts, responses, finished=...)``, ``stats`` and ``conservative_k``), e.g. a known function
     in tests."""
@@ -310,13 +311,13 @@ def train(cfg, scorer=None) -> dict:
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
-        if metrics and (step % cfg.run.logging_steps == 0 or step == steps or "reward/gold" in metrics):
+        if session.log_due(step, cfg.run, metrics):
             session.logger.log(step, metrics)
         if rollout is not None and (step % cfg.ppo.sample_steps == 0 or step == steps):
             samples.write(step, [examples[i].prompt for i in index], rollout, tokenizer)
         if cfg.ppo.ref_update_steps and step % cfg.ppo.ref_update_steps == 0:
             trainer.refresh_reference()
-        if cfg.run.save_steps and step % cfg.run.save_steps == 0:
+        if session.save_due(step, cfg.run):
             session.save(step, trainer.checkpoint_models(), {**trainer.state_dict(stream), "monitor": monitor.state_dict()})
         session.logger.advance()
 

@@ -1,0 +1,163 @@
+"""The Python API: every command as a function, for notebooks and scripts.
+
+Each function takes the command's options as keyword arguments, spelled as the command-line flags in
+snake_case (``output_dir``, ``max_steps``, ``kl_coef``), with the same defaults, the same validation and the
+same errors (raised as ``UserError`` instead of printed) — the options are one definition, the config
+dataclasses in ``rlhfkit.config``. A ready config instance may be passed instead, as the first argument,
+optionally with keyword overrides.
+
+``data`` and ``eval_data`` may be a path or a list of dicts in the data formats the commands read. In-memory
+rows are written to ``OUTPUT_DIR/inputs/<option>.jsonl`` first, so the run's ``config.yaml`` names real files
+and the run can be repeated from the command line.
+
+    import rlhfkit
+
+    result = rlhfkit.sft(model="base", data=[{"prompt": "Hi", "completion": " Hello!"}] * 64,
+                         output_dir="out/sft", max_steps=50, learning_rate=1e-3)
+    result.output_dir   # Path("out/sft"): the model in Hugging Face format, metrics.jsonl, ...
+    result.metrics      # the last logged metrics, e.g. {"loss": ..., "learning_rate": ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.errors import UserError
+
+IN_MEMORY_OPTIONS = ("data", "eval_data")  # options that may be given as a list of dicts
+
+
+@dataclass
+class Result:
+    """What a command produced.
+
+    output_dir: the directory written (a training command's model, metrics and checkpoints; for
+        ``generate``, ``score`` and ``evaluate`` the folder of ``output``)
+    metrics: the last logged metrics of a training run, or the measurements of ``evaluate`` / ``demo``
+    output: the file written by ``generate``, ``score`` or ``evaluate`` (None for the others)
+    """
+
+    output_dir: Path
+    metrics: dict[str, Any] = field(default_factory=dict)
+    output: Path | None = None
+
+
+def _write_rows(rows: list, path: Path, option: str) -> str:
+    if not all(isinstance(row, dict) for row in rows):
+        raise UserError(f"{option}: a list given as data must hold dicts (one per row)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{option}: rows must be JSON-serialisable ({exc})") from None
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _materialise(options: dict[str, Any], output_dir: str) -> dict[str, Any]:
+    """Replace in-memory rows by the path of a JSONL file written under ``output_dir/inputs``."""
+    out = dict(options)
+    for name in IN_MEMORY_OPTIONS:
+        value = out.get(name)
+        if isinstance(value, (list, tuple)):
+            if not output_dir:
+                raise UserError(f"{name}: in-memory rows need output_dir (they are written to OUTPUT_DIR/inputs/)")
+            out[name] = _write_rows(list(value), Path(output_dir) / "inputs" / f"{name}.jsonl", name)
+        elif isinstance(value, Path):
+            out[name] = str(value)
+    return out
+
+
+def _run(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """Build the config of ``command`` from ``config`` and/or keyword options and run it; returns what the
+    command returned and the resolved options (flat, by name)."""
+    from rlhfkit.cli.main import COMMANDS, execute
+    from rlhfkit.config.parse import build_config, flat_dict
+
+    spec = COMMANDS[command]
+    prog = f"rlhfkit.{command.replace('-', '_')}"
+    if config is not None and not isinstance(config, spec.config):
+        raise TypeError(f"{prog}: expected a {spec.config.__name__}, got {type(config).__name__}")
+    base = dataclasses.replace(config) if config is not None else None  # the caller's object stays as it was
+    if base is not None:  # nested parts are copied too, so overrides never reach the caller's config
+        for f in dataclasses.fields(base):
+            part = getattr(base, f.name)
+            if dataclasses.is_dataclass(part):
+                setattr(base, f.name, dataclasses.replace(part))
+    output_dir = str(options.get("output_dir") or (flat_dict(base).get("output_dir", "") if base is not None else ""))
+    if base is not None:  # in-memory rows set on a config object
+        for name, value in _materialise({k: v for k, v in flat_dict(base).items() if k in IN_MEMORY_OPTIONS},
+                                        output_dir).items():
+            options.setdefault(name, value)
+    options = _materialise(options, output_dir)
+    values = {key: (value, f"{prog}: {key}") for key, value in options.items()}
+    resolved = build_config(prog, spec.config, values, base)
+    return execute(command, resolved), flat_dict(resolved)
+
+
+def _train(command: str, config: Any, options: dict[str, Any]) -> Result:
+    metrics, resolved = _run(command, config, **options)
+    return Result(Path(resolved["output_dir"]), dict(metrics or {}))
+
+
+def _write(command: str, config: Any, options: dict[str, Any]) -> Result:
+    _, resolved = _run(command, config, **options)
+    output = Path(resolved["output"])
+    return Result(output.parent, output=output)
+
+
+def sft(config=None, /, **options: Any) -> Result:
+    """Supervised fine-tuning (``rlhfkit sft``): ``model``, ``data``, ``output_dir`` required; every option of
+    ``rlhfkit sft --help`` as a keyword (e.g. ``max_steps``, ``learning_rate``, ``batch_size``, ``lora_r``)."""
+    return _train("sft", config, options)
+
+
+def rm(config=None, /, **options: Any) -> Result:
+    """A Bradley–Terry reward model (``rlhfkit rm``): ``model``, ``data`` (preference pairs), ``output_dir``
+    required; e.g. ``ensemble``, ``center_coef``, ``max_steps``."""
+    return _train("rm", config, options)
+
+
+def ppo(config=None, /, **options: Any) -> Result:
+    """PPO against a reward model with a KL penalty (``rlhfkit ppo``): ``model``, ``reward_model``, ``data``
+    (prompts), ``output_dir`` required; e.g. ``kl_coef``, ``target_kl``, ``max_new_tokens``, ``lora_r``."""
+    return _train("ppo", config, options)
+
+
+def dpo(config=None, /, **options: Any) -> Result:
+    """Direct preference optimisation (``rlhfkit dpo``): ``model``, ``data`` (preference pairs), ``output_dir``
+    required; e.g. ``beta``, ``loss_type``, ``label_smoothing``."""
+    return _train("dpo", config, options)
+
+
+def init_model(config=None, /, **options: Any) -> Result:
+    """A small random causal LM and a BPE tokenizer trained on ``corpus`` (``rlhfkit init-model``)."""
+    _, resolved = _run("init-model", config, **options)
+    return Result(Path(resolved["output_dir"]))
+
+
+def generate(config=None, /, **options: Any) -> Result:
+    """Sample responses for prompt rows into the JSONL file ``output`` (``rlhfkit generate``)."""
+    return _write("generate", config, options)
+
+
+def score(config=None, /, **options: Any) -> Result:
+    """Reward-model scores of prompt/response rows into the JSONL file ``output`` (``rlhfkit score``)."""
+    return _write("score", config, options)
+
+
+def evaluate(config=None, /, **options: Any) -> Result:
+    """Sample a policy on prompts and measure the replies into the JSON file ``output`` (``rlhfkit eval``)."""
+    metrics, resolved = _run("eval", config, **options)
+    output = Path(resolved["output"])
+    return Result(output.parent, dict(metrics), output)
+
+
+def demo(config=None, /, **options: Any) -> Result:
+    """The built-in task end to end with a report (``rlhfkit demo``); ``metrics`` is its summary."""
+    summary, resolved = _run("demo", config, **options)
+    return Result(Path(resolved["output_dir"]), dict(summary))

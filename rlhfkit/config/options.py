@@ -1,0 +1,39 @@
+"""Options that several commands share, each defined once: its type comes from the field's annotation,
+its help text from here, and a part may give it another default.
+
+    @dataclass
+    class IOArgs:
+        seed: int = options.seed()
+        batch_size: int = options.batch_size(16)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+def option(default: Any, doc: str) -> Any:
+    """A dataclass field with ``doc`` as its help text (``fields.field_docs`` reads it)."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+def seed(default: int = 42) -> Any:
+    return option(default, "Random seed for data order, initialisation and sampling.")
+
+
+def cpu() -> Any:
+    return option(False, "Run on the CPU even when a GPU is present.")
+
+
+def batch_size(default: int) -> Any:
+    return option(default, "Rows per batch: sft/rm/dpo the micro-batch on each process, ppo the prompts (rollouts) "
+                           "per step, generate/score/eval the rows per forward pass.")
+
+
+def trust_remote_code() -> Any:
+    return option(False, "Run Python code shipped inside the model directory. Off unless you trust that code.")
+
+
+def max_prompt_length(default: int = 128) -> Any:
+    return option(default, "Longest prompt in tokens; longer prompts keep their last tokens.")

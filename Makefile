@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv install test demo bench clean
+.PHONY: venv install test lint demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ install: $(VENV)/.installed
 
 test: install
 	$(BIN)/python -m pytest -n 2 tests
+
+# ruff: lint rules and formatting, configured in pyproject.toml
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 demo: install
 	$(BIN)/rlhfkit demo --output-dir runs/demo

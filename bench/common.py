@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from stamp import Stamp
 
 BENCH = Path(__file__).resolve().parent
@@ -27,8 +26,19 @@ TRL_VENV = BENCH / ".venv-trl"
 TRL_PYTHON = TRL_VENV / "bin" / "python"
 
 # The shared PPO settings (TRL name in trl_runner.py; rlhfkit flag below).
-SETTINGS = dict(batch_size=16, max_new_tokens=32, ppo_epochs=4, num_minibatches=1, temperature=1.0, kl_coef=0.05,
-                vf_coef=0.1, clip_eps=0.2, value_clip=0.2, gamma=1.0, lam=0.95)
+SETTINGS = dict(
+    batch_size=16,
+    max_new_tokens=32,
+    ppo_epochs=4,
+    num_minibatches=1,
+    temperature=1.0,
+    kl_coef=0.05,
+    vf_coef=0.1,
+    clip_eps=0.2,
+    value_clip=0.2,
+    gamma=1.0,
+    lam=0.95,
+)
 
 # Model preparation per size: SFT and RM steps and learning rates (short: the benchmark is about PPO).
 PREP = {
@@ -86,7 +96,12 @@ class LoadSampler(threading.Thread):
 
     def summary(self) -> dict:
         xs = self.samples or [os.getloadavg()[0]]
-        return {"mean": round(statistics.mean(xs), 2), "max": round(max(xs), 2), "min": round(min(xs), 2), "samples": len(xs)}
+        return {
+            "mean": round(statistics.mean(xs), 2),
+            "max": round(max(xs), 2),
+            "min": round(min(xs), 2),
+            "samples": len(xs),
+        }
 
 
 # ---- models ---------------------------------------------------------------------------------------
@@ -121,19 +136,62 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
     building = None if marker.exists() else Stamp()
     if not (init / "config.json").exists():
         log(f"[{size}] init-model")
-        check(run_measured(rlhfkit_cmd("init-model", "--corpus", str(data["corpus"]), "--output-dir", str(init),
-                                       "--size", size), base / "logs" / "init.log"), "init-model")
+        check(
+            run_measured(
+                rlhfkit_cmd("init-model", "--corpus", str(data["corpus"]), "--output-dir", str(init), "--size", size),
+                base / "logs" / "init.log",
+            ),
+            "init-model",
+        )
     if not (sft / "config.json").exists():
         log(f"[{size}] sft: {prep['sft_steps']} steps")
-        check(run_measured(rlhfkit_cmd("sft", "--model", str(init), "--data", str(data["sft"]), "--output-dir", str(sft),
-                                       "--max-steps", str(prep["sft_steps"]), "--learning-rate", str(prep["sft_lr"]),
-                                       "--batch-size", "16", "--progress", "false"), base / "logs" / "sft.log"), "sft")
+        check(
+            run_measured(
+                rlhfkit_cmd(
+                    "sft",
+                    "--model",
+                    str(init),
+                    "--data",
+                    str(data["sft"]),
+                    "--output-dir",
+                    str(sft),
+                    "--max-steps",
+                    str(prep["sft_steps"]),
+                    "--learning-rate",
+                    str(prep["sft_lr"]),
+                    "--batch-size",
+                    "16",
+                    "--progress",
+                    "false",
+                ),
+                base / "logs" / "sft.log",
+            ),
+            "sft",
+        )
     if not marker.exists():
         log(f"[{size}] rm: {prep['rm_steps']} steps")
-        m = run_measured(rlhfkit_cmd("rm", "--model", str(sft), "--data", str(data["prefs_train"]),
-                                     "--eval-data", str(data["prefs_eval"]), "--output-dir", str(rm),
-                                     "--max-steps", str(prep["rm_steps"]), "--learning-rate", str(prep["rm_lr"]),
-                                     "--batch-size", "16", "--progress", "false"), base / "logs" / "rm.log")
+        m = run_measured(
+            rlhfkit_cmd(
+                "rm",
+                "--model",
+                str(sft),
+                "--data",
+                str(data["prefs_train"]),
+                "--eval-data",
+                str(data["prefs_eval"]),
+                "--output-dir",
+                str(rm),
+                "--max-steps",
+                str(prep["rm_steps"]),
+                "--learning-rate",
+                str(prep["rm_lr"]),
+                "--batch-size",
+                "16",
+                "--progress",
+                "false",
+            ),
+            base / "logs" / "rm.log",
+        )
         if m.returncode == 0:
             rows = [json.loads(x) for x in (rm / "metrics.jsonl").read_text().splitlines() if x.strip()]
             evals = [r for r in rows if r.get("eval/accuracy") is not None]
@@ -151,25 +209,79 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
     from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 
     info["params"] = sum(p.numel() for p in load_causal_lm(str(sft), False, load_tokenizer(str(sft))).parameters())
-    info["config"] = {k: v for k, v in AutoConfig.from_pretrained(sft).to_dict().items()
-                      if k in ("model_type", "n_layer", "n_embd", "n_head", "n_inner", "vocab_size")}
+    info["config"] = {
+        k: v
+        for k, v in AutoConfig.from_pretrained(sft).to_dict().items()
+        if k in ("model_type", "n_layer", "n_embd", "n_head", "n_inner", "vocab_size")
+    }
     return info
 
 
 # ---- rlhfkit ppo with the shared settings ------------------------------------------------------
-def rlhfkit_ppo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int,
-                      bf16: bool = False) -> list[str]:
+def rlhfkit_ppo_flags(
+    models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int, bf16: bool = False
+) -> list[str]:
     s = SETTINGS
-    flags = ["--model", models["sft"], "--reward-model", models["rm"], "--data", str(data["prompts_train"]),
-             "--output-dir", str(out), "--max-steps", str(steps), "--seed", str(seed), "--learning-rate", str(lr),
-             "--batch-size", str(s["batch_size"]), "--max-new-tokens", str(s["max_new_tokens"]),
-             "--ppo-epochs", str(s["ppo_epochs"]), "--num-minibatches", str(s["num_minibatches"]),
-             "--temperature", str(s["temperature"]), "--kl-coef", str(s["kl_coef"]), "--kl-estimator", "k1",
-             "--vf-coef", str(s["vf_coef"]), "--clip-eps", str(s["clip_eps"]), "--value-clip", str(s["value_clip"]),
-             "--gamma", str(s["gamma"]), "--lam", str(s["lam"]), "--entropy-coef", "0",
-             "--normalize-reward", "false", "--reward-clip", "none", "--missing-eos-penalty", "none",
-             "--max-grad-norm", "0", "--weight-decay", "0", "--warmup-steps", "0", "--lr-scheduler", "linear",
-             "--mixed-precision", "bf16" if bf16 else "no", "--progress", "false"]
+    flags = [
+        "--model",
+        models["sft"],
+        "--reward-model",
+        models["rm"],
+        "--data",
+        str(data["prompts_train"]),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--learning-rate",
+        str(lr),
+        "--batch-size",
+        str(s["batch_size"]),
+        "--max-new-tokens",
+        str(s["max_new_tokens"]),
+        "--ppo-epochs",
+        str(s["ppo_epochs"]),
+        "--num-minibatches",
+        str(s["num_minibatches"]),
+        "--temperature",
+        str(s["temperature"]),
+        "--kl-coef",
+        str(s["kl_coef"]),
+        "--kl-estimator",
+        "k1",
+        "--vf-coef",
+        str(s["vf_coef"]),
+        "--clip-eps",
+        str(s["clip_eps"]),
+        "--value-clip",
+        str(s["value_clip"]),
+        "--gamma",
+        str(s["gamma"]),
+        "--lam",
+        str(s["lam"]),
+        "--entropy-coef",
+        "0",
+        "--normalize-reward",
+        "false",
+        "--reward-clip",
+        "none",
+        "--missing-eos-penalty",
+        "none",
+        "--max-grad-norm",
+        "0",
+        "--weight-decay",
+        "0",
+        "--warmup-steps",
+        "0",
+        "--lr-scheduler",
+        "linear",
+        "--mixed-precision",
+        "bf16" if bf16 else "no",
+        "--progress",
+        "false",
+    ]
     if lora_r:
         flags += ["--lora-r", str(lora_r)]  # one backbone: value head on the policy, reference = adapters off
     else:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import statistics
 
 import torch
-
 from common import SETTINGS
 
 EVAL_SEED = 1234  # the same samples' randomness for every policy evaluated
 
 
 @torch.no_grad()
-def sample_responses(model_dir: str, prompts: list[str], samples: int, seed: int = EVAL_SEED) -> tuple[list[str], list[bool]]:
+def sample_responses(
+    model_dir: str, prompts: list[str], samples: int, seed: int = EVAL_SEED
+) -> tuple[list[str], list[bool]]:
     """The one decoding used for every policy: left-padded prompts (rlhfkit's encoding), temperature-1
     sampling of up to 32 tokens with a fixed seed, cut at the first EOS. Returns texts and, per text,
     whether it ended with EOS (False: cut off at 32 tokens)."""
@@ -34,9 +35,17 @@ def sample_responses(model_dir: str, prompts: list[str], samples: int, seed: int
     finished: list[bool] = []
     for start in range(0, len(rows), 64):
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        out = model.generate(input_ids=ids[start:start + 64], attention_mask=mask[start:start + 64], do_sample=True,
-                             temperature=SETTINGS["temperature"], top_k=None, top_p=1.0,
-                             max_new_tokens=SETTINGS["max_new_tokens"], eos_token_id=eos, pad_token_id=pad)
+        out = model.generate(
+            input_ids=ids[start : start + 64],
+            attention_mask=mask[start : start + 64],
+            do_sample=True,
+            temperature=SETTINGS["temperature"],
+            top_k=None,
+            top_p=1.0,
+            max_new_tokens=SETTINGS["max_new_tokens"],
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
         for row in out[:, width:].tolist():
             finished.append(eos in row)
             row = row[: row.index(eos)] if eos in row else row
@@ -53,5 +62,10 @@ def evaluate(model_dir: str, rm_dir: str, prompts: list[str], samples: int) -> d
     gold = [gold_score(p, t) for p, t in zip(repeated, texts)]
     scorer = RewardScorer.load(rm_dir, torch.device("cpu"))
     rm = scorer.score(repeated, texts, finished=finished).mean.float()
-    return {"gold": statistics.mean(gold), "rm_score": float(rm.mean()), "finished": statistics.mean(finished),
-            "length_words": statistics.mean(len(t.split()) for t in texts), "example": texts[0]}
+    return {
+        "gold": statistics.mean(gold),
+        "rm_score": float(rm.mean()),
+        "finished": statistics.mean(finished),
+        "length_words": statistics.mean(len(t.split()) for t in texts),
+        "example": texts[0],
+    }

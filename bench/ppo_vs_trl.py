@@ -35,9 +35,23 @@ import time
 from pathlib import Path
 
 import torch
-
-from common import (BENCH, DEFAULT_LORA_LR, DEFAULT_LR, PREP, PYTHON, SETTINGS, TRL_PYTHON, LoadSampler, build_models, check, load_average, rlhfkit_cmd, rlhfkit_ppo_flags,
-                    run_measured, task_data)
+from common import (
+    BENCH,
+    DEFAULT_LORA_LR,
+    DEFAULT_LR,
+    PREP,
+    PYTHON,
+    SETTINGS,
+    TRL_PYTHON,
+    LoadSampler,
+    build_models,
+    check,
+    load_average,
+    rlhfkit_cmd,
+    rlhfkit_ppo_flags,
+    run_measured,
+    task_data,
+)
 from gold_eval import evaluate
 from stamp import Stamp, summary
 
@@ -49,15 +63,25 @@ LORA_RSS_TARGET = 1.3  # LoRA PPO peak RSS <= this x one model's SFT footprint
 def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0, bf16=False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
-    m = run_measured([PYTHON, str(BENCH / "rlhfkit_runner.py"), str(result_file), "--",
-                      *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r, bf16)], out.parent / f"{out.name}.log")
+    m = run_measured(
+        [
+            PYTHON,
+            str(BENCH / "rlhfkit_runner.py"),
+            str(result_file),
+            "--",
+            *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r, bf16),
+        ],
+        out.parent / f"{out.name}.log",
+    )
     check(m, f"rlhfkit ppo ({out})")
     result = json.loads(result_file.read_text())
     result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s, policy=str(out))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    result["internal"] = {k: statistics.median(r[k] for r in rows[1:] if k in r)
-                          for k in ("time/step_s", "time/generate_s", "time/score_s", "time/forward_s", "time/update_s")
-                          if len(rows) > 1}
+    result["internal"] = {
+        k: statistics.median(r[k] for r in rows[1:] if k in r)
+        for k in ("time/step_s", "time/generate_s", "time/score_s", "time/forward_s", "time/update_s")
+        if len(rows) > 1
+    }
     result["reward_score_per_step"] = [r.get("reward/score") for r in rows]
     return result
 
@@ -75,13 +99,23 @@ def prompt_ids(model_dir: str, path: Path) -> list[list[int]]:
 def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=False, bf16=False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    spec = {"policy": models["sft"], "reward_model": models["rm"], "value_model": models["rm"],
-            "train_ids": prompt_ids(models["sft"], data["prompts_train"]),
-            "eval_ids": prompt_ids(models["sft"], data["prompts_eval"])[: SETTINGS["batch_size"]],
-            "settings": {**SETTINGS, "learning_rate": lr}, "steps": steps, "seed": seed, "output_dir": str(out),
-            "gradient_checkpointing": gradient_checkpointing, "bf16": bf16}
+    spec = {
+        "policy": models["sft"],
+        "reward_model": models["rm"],
+        "value_model": models["rm"],
+        "train_ids": prompt_ids(models["sft"], data["prompts_train"]),
+        "eval_ids": prompt_ids(models["sft"], data["prompts_eval"])[: SETTINGS["batch_size"]],
+        "settings": {**SETTINGS, "learning_rate": lr},
+        "steps": steps,
+        "seed": seed,
+        "output_dir": str(out),
+        "gradient_checkpointing": gradient_checkpointing,
+        "bf16": bf16,
+    }
     (out / "spec.json").write_text(json.dumps(spec))
-    m = run_measured([str(TRL_PYTHON), str(BENCH / "trl_runner.py"), str(out / "spec.json")], out.parent / f"{out.name}.log")
+    m = run_measured(
+        [str(TRL_PYTHON), str(BENCH / "trl_runner.py"), str(out / "spec.json")], out.parent / f"{out.name}.log"
+    )
     check(m, f"TRL ppo ({out})")
     result = json.loads((out / "bench_result.json").read_text())
     result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s)
@@ -92,10 +126,28 @@ def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=Fal
 def run_sft_footprint(models, data, out: Path) -> dict:
     """A few plain `rlhfkit sft` steps of the same model at the same batch size: one model's training footprint."""
     shutil.rmtree(out, ignore_errors=True)
-    m = run_measured(rlhfkit_cmd("sft", "--model", models["sft"], "--data", str(data["sft"]), "--output-dir", str(out),
-                                 "--max-steps", "5", "--batch-size", str(SETTINGS["batch_size"]),
-                                 "--learning-rate", "1e-5", "--mixed-precision", "no", "--progress", "false"),
-                     out.parent / f"{out.name}.log")
+    m = run_measured(
+        rlhfkit_cmd(
+            "sft",
+            "--model",
+            models["sft"],
+            "--data",
+            str(data["sft"]),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            "5",
+            "--batch-size",
+            str(SETTINGS["batch_size"]),
+            "--learning-rate",
+            "1e-5",
+            "--mixed-precision",
+            "no",
+            "--progress",
+            "false",
+        ),
+        out.parent / f"{out.name}.log",
+    )
     check(m, f"rlhfkit sft ({out})")
     return {"peak_rss_mb": m.peak_rss_mb, "process_wall_s": m.wall_s}
 
@@ -109,9 +161,12 @@ def import_rss() -> dict:
     (file-backed RSS, measured here; the anonymous memory is equal), and peak RSS is no longer comparable."""
     out = {}
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
-    for name, python, code in [("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.ppo.trainer"),
-                               ("trl", str(TRL_PYTHON), "from trl.experimental.ppo import PPOTrainer"),
-                               ("torch_rlhfkit", PYTHON, "import torch"), ("torch_trl", str(TRL_PYTHON), "import torch")]:
+    for name, python, code in [
+        ("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.ppo.trainer"),
+        ("trl", str(TRL_PYTHON), "from trl.experimental.ppo import PPOTrainer"),
+        ("torch_rlhfkit", PYTHON, "import torch"),
+        ("torch_trl", str(TRL_PYTHON), "import torch"),
+    ]:
         m = run_measured([python, "-c", code], BENCH / "results" / "logs" / f"import_{name}.log", env=env)
         out[name] = m.peak_rss_mb if m.returncode == 0 else None
     return out
@@ -122,18 +177,25 @@ def rss_comparable(imp: dict) -> str | None:
     a, b = imp.get("torch_rlhfkit"), imp.get("torch_trl")
     if a is None or b is None or abs(a - b) <= 10:
         return None
-    return (f"warning: `import torch` alone takes {a:.0f} MB in rlhfkit's environment and {b:.0f} MB in TRL's; peak RSS "
-            "is not comparable (file pages of a just-written environment). Drop the page cache "
-            "(`sync; echo 3 > /proc/sys/vm/drop_caches` as root) or reuse older environments, and run again.")
+    return (
+        f"warning: `import torch` alone takes {a:.0f} MB in rlhfkit's environment and {b:.0f} MB in TRL's; peak RSS "
+        "is not comparable (file pages of a just-written environment). Drop the page cache "
+        "(`sync; echo 3 > /proc/sys/vm/drop_caches` as root) or reuse older environments, and run again."
+    )
 
 
 def step_stats(result: dict) -> dict:
     """Median step time and tokens/s over steps 2..N (the first, warm-up step is excluded)."""
     ends = result["step_ends"]
     dts = [b - a for a, b in zip(ends, ends[1:])]
-    toks = result["generated_tokens"][1: len(ends)]
-    return {"step_s": statistics.median(dts), "tokens_per_s": statistics.median(t / d for t, d in zip(toks, dts)),
-            "step_s_all": dts, "first_step_s": ends[0], "tokens_per_step": statistics.mean(toks)}
+    toks = result["generated_tokens"][1 : len(ends)]
+    return {
+        "step_s": statistics.median(dts),
+        "tokens_per_s": statistics.median(t / d for t, d in zip(toks, dts)),
+        "step_s_all": dts,
+        "first_step_s": ends[0],
+        "tokens_per_step": statistics.mean(toks),
+    }
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -153,50 +215,69 @@ def summarise(size_result: dict) -> dict:
     summary = {}
     for name, runs in size_result["runs"].items():
         summary[name] = {
-            "step_s": mean_std([r["step_s"] for r in runs]), "tokens_per_s": mean_std([r["tokens_per_s"] for r in runs]),
+            "step_s": mean_std([r["step_s"] for r in runs]),
+            "tokens_per_s": mean_std([r["tokens_per_s"] for r in runs]),
             "peak_rss_mb": mean_std([r["peak_rss_mb"] for r in runs]),
             "gold_gain": mean_std([r["eval"]["gold"] - size_result["before"]["gold"] for r in runs if "eval" in r]),
-            "rm_gain": mean_std([r["eval"]["rm_score"] - size_result["before"]["rm_score"] for r in runs if "eval" in r]),
+            "rm_gain": mean_std(
+                [r["eval"]["rm_score"] - size_result["before"]["rm_score"] for r in runs if "eval" in r]
+            ),
         }
     return summary
 
 
 def print_table(results: dict) -> None:
-    header = (f"{'size':<6} {'run':<22} {'s/step':>15} {'best':>6} {'tokens/s':>15} {'peak RSS MB':>15} {'gold gain':>15} "
-              f"{'RM gain':>15}")
+    header = (
+        f"{'size':<6} {'run':<22} {'s/step':>15} {'best':>6} {'tokens/s':>15} {'peak RSS MB':>15} {'gold gain':>15} "
+        f"{'RM gain':>15}"
+    )
     print("\n" + header + "\n" + "-" * len(header))
     for size, res in results["sizes"].items():
         for name, runs in res["runs"].items():
             before = res["before"]
             gold = [r["eval"]["gold"] - before["gold"] for r in runs if "eval" in r]
             rmg = [r["eval"]["rm_score"] - before["rm_score"] for r in runs if "eval" in r]
-            print(f"{size:<6} {name:<22} {fmt([r['step_s'] for r in runs]):>15} {min(r['step_s'] for r in runs):>6.2f} "
-                  f"{fmt([r['tokens_per_s'] for r in runs], 0):>15} "
-                  f"{fmt([r['peak_rss_mb'] for r in runs], 0):>15} {fmt(gold):>15} {fmt(rmg):>15}")
+            print(
+                f"{size:<6} {name:<22} {fmt([r['step_s'] for r in runs]):>15} {min(r['step_s'] for r in runs):>6.2f} "
+                f"{fmt([r['tokens_per_s'] for r in runs], 0):>15} "
+                f"{fmt([r['peak_rss_mb'] for r in runs], 0):>15} {fmt(gold):>15} {fmt(rmg):>15}"
+            )
         sft = res["sft_footprint"]
-        print(f"{size:<6} {'sft (one model, ref.)':<22} {'':>15} {'':>6} {'':>15} {fmt([r['peak_rss_mb'] for r in sft], 0):>15}")
+        print(
+            f"{size:<6} {'sft (one model, ref.)':<22} {'':>15} {'':>6} {'':>15} {fmt([r['peak_rss_mb'] for r in sft], 0):>15}"
+        )
         s = res["summary"]
         notes = [f"params {res['models']['params'] / 1e6:.2f}M", f"gold before {res['before']['gold']:.2f}"]
         if "trl" in s and "rlhfkit" in s:
             best = min(r["step_s"] for r in res["runs"]["trl"]) / min(r["step_s"] for r in res["runs"]["rlhfkit"])
-            notes.append(f"speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit']['step_s'][0]:.2f}x (best repeats {best:.2f}x; "
-                         f"target >= {SPEED_TARGET.get(size, float('nan')):g}x)")
-            notes.append(f"RSS rlhfkit/TRL {s['rlhfkit']['peak_rss_mb'][0] / s['trl']['peak_rss_mb'][0]:.2f} (target <= 1)")
+            notes.append(
+                f"speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit']['step_s'][0]:.2f}x (best repeats {best:.2f}x; "
+                f"target >= {SPEED_TARGET.get(size, float('nan')):g}x)"
+            )
+            notes.append(
+                f"RSS rlhfkit/TRL {s['rlhfkit']['peak_rss_mb'][0] / s['trl']['peak_rss_mb'][0]:.2f} (target <= 1)"
+            )
         if "rlhfkit-lora" in s:
             sft_rss = mean_std([r["peak_rss_mb"] for r in sft])[0]
-            notes.append(f"LoRA RSS / SFT RSS {s['rlhfkit-lora']['peak_rss_mb'][0] / sft_rss:.2f} (target <= {LORA_RSS_TARGET:g})")
+            notes.append(
+                f"LoRA RSS / SFT RSS {s['rlhfkit-lora']['peak_rss_mb'][0] / sft_rss:.2f} (target <= {LORA_RSS_TARGET:g})"
+            )
             if "trl" in s:
                 notes.append(f"LoRA speed-up vs TRL {s['trl']['step_s'][0] / s['rlhfkit-lora']['step_s'][0]:.2f}x")
         print(f"{'':<6} " + "; ".join(notes))
     imp = results.get("import_rss_mb", {})
     load = results.get("load_during", {})
-    print(f"\n± = standard deviation over {results['args']['repeats']} repeat(s); s/step = median over steps 2..N; "
-          f"best = fastest repeat (the least disturbed by other load); "
-          f"torch threads {results['machine']['threads']}; import-only RSS: rlhfkit {imp.get('rlhfkit') or float('nan'):.0f} MB, "
-          f"TRL {imp.get('trl') or float('nan'):.0f} MB (torch alone {imp.get('torch_rlhfkit') or float('nan'):.0f} / "
-          f"{imp.get('torch_trl') or float('nan'):.0f} MB)")
-    print(f"load average (1 min) during the run: mean {load.get('mean')}, min {load.get('min')}, max {load.get('max')} "
-          f"on {results['machine']['cpus']} CPUs; before {results['load_before']}, after {results.get('load_after')}")
+    print(
+        f"\n± = standard deviation over {results['args']['repeats']} repeat(s); s/step = median over steps 2..N; "
+        f"best = fastest repeat (the least disturbed by other load); "
+        f"torch threads {results['machine']['threads']}; import-only RSS: rlhfkit {imp.get('rlhfkit') or float('nan'):.0f} MB, "
+        f"TRL {imp.get('trl') or float('nan'):.0f} MB (torch alone {imp.get('torch_rlhfkit') or float('nan'):.0f} / "
+        f"{imp.get('torch_trl') or float('nan'):.0f} MB)"
+    )
+    print(
+        f"load average (1 min) during the run: mean {load.get('mean')}, min {load.get('min')}, max {load.get('max')} "
+        f"on {results['machine']['cpus']} CPUs; before {results['load_before']}, after {results.get('load_after')}"
+    )
     warning = rss_comparable(imp)
     if warning:
         print(warning)
@@ -209,19 +290,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=20, help="PPO steps per run (the first is excluded from timings)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each framework per size (mean ± std reported)")
     ap.add_argument("--out", default=str(BENCH / "results" / "ppo_vs_trl.json"), help="JSON file with every number")
-    ap.add_argument("--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs (models are reused)")
+    ap.add_argument(
+        "--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs (models are reused)"
+    )
     ap.add_argument("--learning-rate", type=float, default=None, help="PPO learning rate for both (default per size)")
     ap.add_argument("--lora-r", type=int, default=8, help="rank of the rlhfkit LoRA row; 0 skips it")
-    ap.add_argument("--lora-learning-rate", type=float, default=None, help="LoRA row's learning rate (default per size)")
+    ap.add_argument(
+        "--lora-learning-rate", type=float, default=None, help="LoRA row's learning rate (default per size)"
+    )
     ap.add_argument("--eval-samples", type=int, default=2, help="samples per held-out prompt for the gold/RM gain")
     ap.add_argument("--seed", type=int, default=0, help="repeat k uses seed + k")
-    ap.add_argument("--trl-gradient-checkpointing", action="store_true",
-                    help="keep TRL's default gradient checkpointing (off by default: rlhfkit does not checkpoint)")
-    ap.add_argument("--bf16", action="store_true",
-                    help="bf16 autocast in both (TRL bf16=True, rlhfkit --mixed-precision bf16); default fp32")
+    ap.add_argument(
+        "--trl-gradient-checkpointing",
+        action="store_true",
+        help="keep TRL's default gradient checkpointing (off by default: rlhfkit does not checkpoint)",
+    )
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bf16 autocast in both (TRL bf16=True, rlhfkit --mixed-precision bf16); default fp32",
+    )
     ap.add_argument("--skip-trl", action="store_true", help="rlhfkit rows only (no TRL environment needed)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)",
+    )
     ap.add_argument("--report", metavar="RESULTS.json", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.report:
@@ -253,9 +348,19 @@ def main(argv: list[str] | None = None) -> None:
     from rlhfkit.data.schema import load_examples
 
     eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
-    results: dict = {"stamp": stamp.record(), "args": vars(args), "settings": SETTINGS, "load_before": load_average(),
-                     "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                                 "python": platform.python_version()}, "sizes": {}}
+    results: dict = {
+        "stamp": stamp.record(),
+        "args": vars(args),
+        "settings": SETTINGS,
+        "load_before": load_average(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+        },
+        "sizes": {},
+    }
     results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
     warning = rss_comparable(results["import_rss_mb"])
     if warning:
@@ -269,26 +374,49 @@ def main(argv: list[str] | None = None) -> None:
         results["stamp"] = stamp.record()
         results["load_during"] = sampler.summary()
         out.write_text(json.dumps(results, indent=1, default=str))
+
     for size in sizes:
         models = build_models(size, work, data, log)
         lr = args.learning_rate or DEFAULT_LR[size]
         lora_lr = args.lora_learning_rate or DEFAULT_LORA_LR[size]
-        log(f"[{size}] {models['params'] / 1e6:.2f}M params; reward model: {models['made_by']} "
-            f"(eval accuracy {models['eval_accuracy']}); PPO lr {lr:g}")
+        log(
+            f"[{size}] {models['params'] / 1e6:.2f}M params; reward model: {models['made_by']} "
+            f"(eval accuracy {models['eval_accuracy']}); PPO lr {lr:g}"
+        )
         before = evaluate(models["sft"], models["rm"], eval_prompts, args.eval_samples)
-        res = {"models": models, "learning_rate": lr, "lora_learning_rate": lora_lr, "before": before,
-               "runs": {"rlhfkit": [], **({"rlhfkit-lora": []} if args.lora_r else {}), **({} if args.skip_trl else {"trl": []})},
-               "sft_footprint": []}
+        res = {
+            "models": models,
+            "learning_rate": lr,
+            "lora_learning_rate": lora_lr,
+            "before": before,
+            "runs": {
+                "rlhfkit": [],
+                **({"rlhfkit-lora": []} if args.lora_r else {}),
+                **({} if args.skip_trl else {"trl": []}),
+            },
+            "sft_footprint": [],
+        }
         results["sizes"][size] = res
         runs_dir = work / size / "runs"
         for k in range(args.repeats):
             seed = args.seed + k
             jobs = [("rlhfkit", lambda o: run_rlhfkit(models, data, o, args.steps, lr, seed, bf16=args.bf16))]
             if args.lora_r:
-                jobs.append(("rlhfkit-lora", lambda o: run_rlhfkit(models, data, o, args.steps, lora_lr, seed, args.lora_r, args.bf16)))
+                jobs.append(
+                    (
+                        "rlhfkit-lora",
+                        lambda o: run_rlhfkit(models, data, o, args.steps, lora_lr, seed, args.lora_r, args.bf16),
+                    )
+                )
             if not args.skip_trl:
-                jobs.append(("trl", lambda o: run_trl(models, data, o, args.steps, lr, seed, args.trl_gradient_checkpointing,
-                                                          args.bf16)))
+                jobs.append(
+                    (
+                        "trl",
+                        lambda o: run_trl(
+                            models, data, o, args.steps, lr, seed, args.trl_gradient_checkpointing, args.bf16
+                        ),
+                    )
+                )
             for name, job in jobs:
                 load_start = load_average()[0]
                 r = job(runs_dir / f"{name}-r{k}")
@@ -296,9 +424,11 @@ def main(argv: list[str] | None = None) -> None:
                 r["load_1min_start_end"] = [load_start, load_average()[0]]
                 r["eval"] = evaluate(r["policy"], models["rm"], eval_prompts, args.eval_samples)
                 res["runs"][name].append(r)
-                log(f"[{size}] repeat {k + 1}/{args.repeats} {name}: {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tok/s, "
+                log(
+                    f"[{size}] repeat {k + 1}/{args.repeats} {name}: {r['step_s']:.2f} s/step, {r['tokens_per_s']:.0f} tok/s, "
                     f"peak RSS {r['peak_rss_mb']:.0f} MB, gold {before['gold']:.2f} -> {r['eval']['gold']:.2f}, "
-                    f"load {r['load_1min_start_end']}")
+                    f"load {r['load_1min_start_end']}"
+                )
                 save()
             res["sft_footprint"].append(run_sft_footprint(models, data, runs_dir / f"sft-footprint-r{k}"))
         res["summary"] = summarise(res)

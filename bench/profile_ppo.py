@@ -45,9 +45,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as bench  # noqa: E402  (the benchmark's models and settings)
 from stamp import Stamp, summary  # noqa: E402
 
-BUCKETS = ["generate", "score", "rm forward", "rollout forwards", "value model", "reference forward",
-           "advantages, misc", "train forward", "loss math", "backward", "optimizer", "update overhead",
-           "step overhead", "loop overhead"]
+BUCKETS = [
+    "generate",
+    "score",
+    "rm forward",
+    "rollout forwards",
+    "value model",
+    "reference forward",
+    "advantages, misc",
+    "train forward",
+    "loss math",
+    "backward",
+    "optimizer",
+    "update overhead",
+    "step overhead",
+    "loop overhead",
+]
 CHILDREN = {"rm forward", "value model"}  # parts of the row above them, not added to the total
 
 
@@ -113,11 +126,27 @@ def instrument(clock: Clock, record: dict) -> None:
         metrics = original(self, prompts, prompt_ids)
         end = time.perf_counter()
         n = clock.now
-        step = {k: n.get(k, 0.0) for k in ("generate", "rm forward", "rollout forwards", "value model",
-                                            "reference forward", "train forward", "backward", "optimizer")}
+        step = {
+            k: n.get(k, 0.0)
+            for k in (
+                "generate",
+                "rm forward",
+                "rollout forwards",
+                "value model",
+                "reference forward",
+                "train forward",
+                "backward",
+                "optimizer",
+            )
+        }
         step["score"] = metrics["time/score_s"]
-        step["advantages, misc"] = (metrics["time/rollout_s"] - step["generate"] - step["score"]
-                                    - step["rollout forwards"] - step["reference forward"])
+        step["advantages, misc"] = (
+            metrics["time/rollout_s"]
+            - step["generate"]
+            - step["score"]
+            - step["rollout forwards"]
+            - step["reference forward"]
+        )
         step["loss math"] = n["loss+forward"] - n["train forward"]
         step["update overhead"] = n["train_epochs"] - n["loss+forward"] - n["backward"] - n["optimizer"]
         step["step overhead"] = (end - t0) - metrics["time/rollout_s"] - n["train_epochs"]
@@ -141,9 +170,15 @@ def model_shapes(path: str) -> dict:
 
     c = AutoConfig.from_pretrained(path).to_dict()
     d = c.get("n_embd") or c.get("hidden_size")
-    return {"d": d, "layers": c.get("n_layer") or c.get("num_hidden_layers"),
-            "ff": c.get("n_inner") or c.get("intermediate_size") or 4 * d, "vocab": c["vocab_size"],
-            "kv": d * (c.get("num_key_value_heads") or c.get("n_head") or 1) // (c.get("n_head") or c.get("num_attention_heads") or 1)}
+    return {
+        "d": d,
+        "layers": c.get("n_layer") or c.get("num_hidden_layers"),
+        "ff": c.get("n_inner") or c.get("intermediate_size") or 4 * d,
+        "vocab": c["vocab_size"],
+        "kv": d
+        * (c.get("num_key_value_heads") or c.get("n_head") or 1)
+        // (c.get("n_head") or c.get("num_attention_heads") or 1),
+    }
 
 
 def per_token_flops(s: dict, context: float, head: bool = True) -> float:
@@ -154,11 +189,22 @@ def per_token_flops(s: dict, context: float, head: bool = True) -> float:
     head = d * vocab (the LM head; the value/reward head is d*1)
     """
     layer = s["d"] * (s["d"] + 2 * s["kv"]) + s["d"] * s["d"] + 2 * s["d"] * s["ff"]
-    return 2 * s["layers"] * layer + 4 * s["layers"] * s["d"] * context + (2 * s["d"] * s["vocab"] if head else 2 * s["d"])
+    return (
+        2 * s["layers"] * layer + 4 * s["layers"] * s["d"] * context + (2 * s["d"] * s["vocab"] if head else 2 * s["d"])
+    )
 
 
-def step_flops(s: dict, B: int, P: int, T: int, epochs: int, separate_value: bool, lora: bool,
-               reuse_first_pass: bool = True, real: tuple[float, float] | None = None) -> dict:
+def step_flops(
+    s: dict,
+    B: int,
+    P: int,
+    T: int,
+    epochs: int,
+    separate_value: bool,
+    lora: bool,
+    reuse_first_pass: bool = True,
+    real: tuple[float, float] | None = None,
+) -> dict:
     """Matmul FLOPs of one PPO step, by phase. B rows, P prompt positions (padded), T response positions.
     ``real``: (prompt tokens, response tokens) of the batch without padding; then the teacher-forced phases
     (score, rollout, reference, update) count only real tokens: the work the math needs, however laid out.
@@ -290,40 +336,73 @@ def main(argv: list[str] | None = None) -> None:
     rate_full = measure_matmul_rate(shapes, B * (P + T))
     rate_decode = measure_matmul_rate(shapes, B)
     floor = {k: v / ((rate_decode if k == "generate" else rate_full) * 1e9) for k, v in flops.items()}
-    phase_of = {"generate": "generate", "score": "score", "rollout forwards": "rollout forwards",
-                "reference forward": "reference forward"}
-    measured_phase = {**{k: med[k] for k in phase_of},
-                      "update": sum(med[k] for k in ("train forward", "loss math", "backward", "optimizer", "update overhead"))}
+    phase_of = {
+        "generate": "generate",
+        "score": "score",
+        "rollout forwards": "rollout forwards",
+        "reference forward": "reference forward",
+    }
+    measured_phase = {
+        **{k: med[k] for k in phase_of},
+        "update": sum(med[k] for k in ("train forward", "loss math", "backward", "optimizer", "update overhead")),
+    }
 
-    print(f"\nrlhfkit PPO step, {args.size} ({models['params'] / 1e6:.2f}M params), batch {B}, prompt {P} + response {T} "
-          f"positions, {E} epochs, {'LoRA r=%d, value head' % args.lora_r if args.lora_r else 'separate value model'}, "
-          f"threads {torch.get_num_threads()}, median of {len(steps)} steps")
+    print(
+        f"\nrlhfkit PPO step, {args.size} ({models['params'] / 1e6:.2f}M params), batch {B}, prompt {P} + response {T} "
+        f"positions, {E} epochs, {'LoRA r=%d, value head' % args.lora_r if args.lora_r else 'separate value model'}, "
+        f"threads {torch.get_num_threads()}, median of {len(steps)} steps"
+    )
     print(f"{'part':<22} {'seconds':>9} {'share':>7}")
     for k in BUCKETS:
         label = ("  " + k) if k in CHILDREN else k
         print(f"{label:<22} {med[k]:>9.4f} {med[k] / step_s:>7.1%}")
     print(f"{'step (wall)':<22} {step_s:>9.4f} {'':>7}   {tokens / step_s:.0f} generated tokens/s")
     rate_default = measure_matmul_rate(shapes, B * (P + T), default_path=True)
-    print(f"\nfloor: matmul rate here {rate_full:.1f} GFLOP/s at {B * (P + T)} rows, {rate_decode:.1f} GFLOP/s at {B} rows (decode); "
-          f"torch.matmul's default path {rate_default:.1f} GFLOP/s at {B * (P + T)} rows")
+    print(
+        f"\nfloor: matmul rate here {rate_full:.1f} GFLOP/s at {B * (P + T)} rows, {rate_decode:.1f} GFLOP/s at {B} rows (decode); "
+        f"torch.matmul's default path {rate_default:.1f} GFLOP/s at {B * (P + T)} rows"
+    )
     print(f"{'phase':<22} {'GFLOP':>9} {'floor s':>9} {'measured s':>11} {'x floor':>8}")
     for k in flops:
-        print(f"{k:<22} {flops[k] / 1e9:>9.3f} {floor[k]:>9.4f} {measured_phase[k]:>11.4f} {measured_phase[k] / floor[k]:>8.1f}")
+        print(
+            f"{k:<22} {flops[k] / 1e9:>9.3f} {floor[k]:>9.4f} {measured_phase[k]:>11.4f} {measured_phase[k] / floor[k]:>8.1f}"
+        )
     total_floor = sum(floor.values())
-    print(f"{'step':<22} {sum(flops.values()) / 1e9:>9.3f} {total_floor:>9.4f} {step_s:>11.4f} {step_s / total_floor:>8.1f}")
-    print(f"(teacher-forced phases count the {sum(real):.0f} real tokens of the {B * (P + T)} padded positions; "
-          f"on every padded position the step would be {padded / 1e9:.1f} GFLOP)")
+    print(
+        f"{'step':<22} {sum(flops.values()) / 1e9:>9.3f} {total_floor:>9.4f} {step_s:>11.4f} {step_s / total_floor:>8.1f}"
+    )
+    print(
+        f"(teacher-forced phases count the {sum(real):.0f} real tokens of the {B * (P + T)} padded positions; "
+        f"on every padded position the step would be {padded / 1e9:.1f} GFLOP)"
+    )
     record = stamp.record()
     print(summary(record))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"stamp": record, "size": args.size, "lora_r": args.lora_r, "threads": torch.get_num_threads(),
-                                              "median_s": med, "step_s": step_s, "tokens_per_s": tokens / step_s,
-                                              "flops": flops, "padded_flops": padded, "matmul_gflops": {"full": rate_full, "decode": rate_decode, "full_default_path": rate_default},
-                                              "floor_s": floor, "steps": clock.steps, "shapes": shapes}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "stamp": record,
+                    "size": args.size,
+                    "lora_r": args.lora_r,
+                    "threads": torch.get_num_threads(),
+                    "median_s": med,
+                    "step_s": step_s,
+                    "tokens_per_s": tokens / step_s,
+                    "flops": flops,
+                    "padded_flops": padded,
+                    "matmul_gflops": {"full": rate_full, "decode": rate_decode, "full_default_path": rate_default},
+                    "floor_s": floor,
+                    "steps": clock.steps,
+                    "shapes": shapes,
+                },
+                indent=1,
+            )
+        )
     if args.torch_profile:
-        torch_profile_one_step(bench.rlhfkit_ppo_flags(models, data, work / args.size / "profile-torch", 2, lr, 0,
-                                                       args.lora_r), top=25)
+        torch_profile_one_step(
+            bench.rlhfkit_ppo_flags(models, data, work / args.size / "profile-torch", 2, lr, 0, args.lora_r), top=25
+        )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,11 @@ def main(argv: list[str]) -> int:
 
     begin = record["first_step_start"]
     result = {
-        "framework": "rlhfkit", "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "startup_s": begin - START, "train_s": record["step_ends"][-1] - begin,
+        "framework": "rlhfkit",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "startup_s": begin - START,
+        "train_s": record["step_ends"][-1] - begin,
         "step_ends": [t - begin for t in record["step_ends"]],
         "generated_tokens": record["generated_tokens"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

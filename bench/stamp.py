@@ -114,16 +114,25 @@ def rlhfkit_version() -> str | None:
 
 
 def machine() -> dict:
-    return {"cpu": cpu_model(), "logical_cores": os.cpu_count(), "ram_gib": ram_gib(), "os": os_name(),
-            "kernel": f"{platform.system()} {platform.release()} {platform.machine()}",
-            "python": platform.python_version(), "torch": torch_version(), "rlhfkit": rlhfkit_version()}
+    return {
+        "cpu": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "ram_gib": ram_gib(),
+        "os": os_name(),
+        "kernel": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "torch": torch_version(),
+        "rlhfkit": rlhfkit_version(),
+    }
 
 
 def load_warning(start: list[float] | None) -> str | None:
     if not start or start[0] <= BUSY_LOAD:
         return None
-    return (f"1-minute load average {start[0]:.2f} > {BUSY_LOAD:g} at the start: the machine was busy, "
-            "the timings are suspect")
+    return (
+        f"1-minute load average {start[0]:.2f} > {BUSY_LOAD:g} at the start: the machine was busy, "
+        "the timings are suspect"
+    )
 
 
 class Stamp:
@@ -137,8 +146,12 @@ class Stamp:
 
     def record(self) -> dict:
         """The stamp as written into a result; its end load is read now."""
-        return {"commit": self.commit, "date": self.date, "machine": self.machine,
-                "load": {"start": self.load_start, "end": load_average(), "warning": load_warning(self.load_start)}}
+        return {
+            "commit": self.commit,
+            "date": self.date,
+            "machine": self.machine,
+            "load": {"start": self.load_start, "end": load_average(), "warning": load_warning(self.load_start)},
+        }
 
 
 def summary(stamp: dict | None) -> str:
@@ -151,9 +164,11 @@ def summary(stamp: dict | None) -> str:
     m = stamp.get("machine") or {}
     if m:
         ram = m.get("ram_gib")
-        parts.append(f"{m.get('cpu') or '?'}, {m.get('logical_cores') or '?'} cores, "
-                     f"{'?' if ram is None else ram} GiB, {m.get('os') or '?'} ({m.get('kernel') or '?'}), "
-                     f"Python {m.get('python') or '?'}, torch {m.get('torch') or '?'}, rlhfkit {m.get('rlhfkit') or '?'}")
+        parts.append(
+            f"{m.get('cpu') or '?'}, {m.get('logical_cores') or '?'} cores, "
+            f"{'?' if ram is None else ram} GiB, {m.get('os') or '?'} ({m.get('kernel') or '?'}), "
+            f"Python {m.get('python') or '?'}, torch {m.get('torch') or '?'}, rlhfkit {m.get('rlhfkit') or '?'}"
+        )
     load = stamp.get("load") or {}
     if load:
         fmt = lambda xs: "/".join(f"{x:.2f}" for x in xs) if xs else "?"  # noqa: E731

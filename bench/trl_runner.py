@@ -24,6 +24,7 @@ START = time.perf_counter()
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
+import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
@@ -32,8 +33,6 @@ from transformers import (  # noqa: E402
     TrainerCallback,
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
-
-import trl  # noqa: E402
 from trl.experimental.ppo import PPOConfig, PPOTrainer  # noqa: E402
 from trl.experimental.ppo import ppo_trainer as trl_ppo  # noqa: E402
 
@@ -58,9 +57,13 @@ def count_generated_tokens(eos_id: int, counts: list[int]):
 
     def wrapped(model, queries, *args, **kwargs):
         query_responses, logits = original(model, queries, *args, **kwargs)
-        responses = query_responses[:, queries.shape[1]:]
+        responses = query_responses[:, queries.shape[1] :]
         is_eos = responses == eos_id
-        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], responses.shape[1], dtype=torch.long))
+        first = torch.where(
+            is_eos.any(1),
+            is_eos.int().argmax(1) + 1,
+            torch.full_like(is_eos[:, 0], responses.shape[1], dtype=torch.long),
+        )
         counts.append(int(first.sum()))
         return query_responses, logits
 
@@ -123,16 +126,28 @@ def main() -> None:
     clock = StepClock()
     generated: list[int] = []
     count_generated_tokens(tokenizer.eos_token_id, generated)
-    trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=ref_policy,
-                         reward_model=reward_model, train_dataset=train, value_model=value_model,
-                         eval_dataset=evals, callbacks=[clock])
+    trainer = PPOTrainer(
+        args=config,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=ref_policy,
+        reward_model=reward_model,
+        train_dataset=train,
+        value_model=value_model,
+        eval_dataset=evals,
+        callbacks=[clock],
+    )
     trainer.train()
     end = time.perf_counter()
     policy.save_pretrained(out / "policy")
     tokenizer.save_pretrained(out / "policy")
     result = {
-        "framework": "trl", "version": trl.__version__, "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "startup_s": clock.train_begin - START, "train_s": end - clock.train_begin,
+        "framework": "trl",
+        "version": trl.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "startup_s": clock.train_begin - START,
+        "train_s": end - clock.train_begin,
         "step_ends": [t - clock.train_begin for t in clock.step_ends],
         "generated_tokens": generated,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

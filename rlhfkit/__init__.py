@@ -12,5 +12,17 @@ from rlhfkit.api import Result, demo, dpo, evaluate, generate, init_model, ppo, 
 from rlhfkit.errors import UserError
 
 __version__ = "0.1.0"
-__all__ = ["Result", "UserError", "__version__", "demo", "dpo", "evaluate", "generate", "init_model", "ppo", "rm",
-           "score", "sft"]
+__all__ = [
+    "Result",
+    "UserError",
+    "__version__",
+    "demo",
+    "dpo",
+    "evaluate",
+    "generate",
+    "init_model",
+    "ppo",
+    "rm",
+    "score",
+    "sft",
+]

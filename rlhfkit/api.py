@@ -7,8 +7,9 @@ dataclasses in ``rlhfkit.config``. A ready config instance may be passed instead
 optionally with keyword overrides.
 
 ``data`` and ``eval_data`` may be a path or a list of dicts in the data formats the commands read. In-memory
-rows are written to ``OUTPUT_DIR/inputs/<option>.jsonl`` first, so the run's ``config.yaml`` names real files
-and the run can be repeated from the command line.
+rows are written to ``OUTPUT_DIR/inputs/<option>.jsonl`` first (for ``generate``, ``score`` and ``evaluate``,
+to an ``inputs`` folder beside ``output``), so the run's ``config.yaml`` names real files and the run can be
+repeated from the command line.
 
     import rlhfkit
 
@@ -58,18 +59,25 @@ def _write_rows(rows: list, path: Path, option: str) -> str:
     return str(path)
 
 
-def _materialise(options: dict[str, Any], output_dir: str) -> dict[str, Any]:
-    """Replace in-memory rows by the path of a JSONL file written under ``output_dir/inputs``."""
-    out = dict(options)
+def _materialise(options: dict[str, Any], inputs_dir: Path | None) -> dict[str, Any]:
+    """Replace in-memory rows by the path of a JSONL file written into ``inputs_dir``; paths become strings."""
+    out = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
     for name in IN_MEMORY_OPTIONS:
         value = out.get(name)
         if isinstance(value, (list, tuple)):
-            if not output_dir:
-                raise UserError(f"{name}: in-memory rows need output_dir (they are written to OUTPUT_DIR/inputs/)")
-            out[name] = _write_rows(list(value), Path(output_dir) / "inputs" / f"{name}.jsonl", name)
-        elif isinstance(value, Path):
-            out[name] = str(value)
+            if inputs_dir is None:
+                raise UserError(f"{name}: in-memory rows need output_dir (or output) to be written beside the run")
+            out[name] = _write_rows(list(value), inputs_dir / f"{name}.jsonl", name)
     return out
+
+
+def _inputs_dir(resolved: dict[str, Any]) -> Path | None:
+    """Where in-memory rows go: OUTPUT_DIR/inputs, or for a command writing one file, FILE's folder/inputs."""
+    if resolved.get("output_dir"):
+        return Path(resolved["output_dir"]) / "inputs"
+    if resolved.get("output"):
+        return Path(resolved["output"]).parent / "inputs"
+    return None
 
 
 def _run(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict[str, Any]]:
@@ -88,12 +96,13 @@ def _run(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict
             part = getattr(base, f.name)
             if dataclasses.is_dataclass(part):
                 setattr(base, f.name, dataclasses.replace(part))
-    output_dir = str(options.get("output_dir") or (flat_dict(base).get("output_dir", "") if base is not None else ""))
+    given = flat_dict(base) if base is not None else {}
+    inputs_dir = _inputs_dir({**given, **{k: v for k, v in options.items() if k in ("output_dir", "output")}})
     if base is not None:  # in-memory rows set on a config object
-        for name, value in _materialise({k: v for k, v in flat_dict(base).items() if k in IN_MEMORY_OPTIONS},
-                                        output_dir).items():
+        in_memory = {k: v for k, v in given.items() if k in IN_MEMORY_OPTIONS and isinstance(v, (list, tuple))}
+        for name, value in _materialise(in_memory, inputs_dir).items():
             options.setdefault(name, value)
-    options = _materialise(options, output_dir)
+    options = _materialise(options, inputs_dir)
     values = {key: (value, f"{prog}: {key}") for key, value in options.items()}
     resolved = build_config(prog, spec.config, values, base)
     return execute(command, resolved), flat_dict(resolved)

@@ -6,4 +6,3 @@ class UserError(Exception):
 
     Messages name what is wrong and where: the file, the line or row, and the field.
     """
-

@@ -52,8 +52,11 @@ def _config(model):
 def can_pack(model) -> bool:
     """Whether ``model``'s forward gives the same outputs on packed rows (see the module docstring)."""
     config = _config(model)
-    return (config.model_type in PACKABLE_MODEL_TYPES and not config.is_encoder_decoder
-            and getattr(config, "_attn_implementation", None) in ("sdpa", "eager"))
+    return (
+        config.model_type in PACKABLE_MODEL_TYPES
+        and not config.is_encoder_decoder
+        and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+    )
 
 
 def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -76,8 +79,8 @@ def plan_rows(lengths: list[int], padded_width: int, hidden_size: int, multiple:
 
     ``lengths``: real tokens of each sequence; ``padded_width``: the padded batch's width. Cost of a layout
     with R rows of width C (rounded up to ``multiple``): ``R * C * (1 + C / span)``, span = SPAN_PER_HIDDEN x
-    hidden size (matmuls per position plus attention per pair of positions). Tries ~33 widths from the longest sequence to twice it
-    and wider ones that fill 1, 2, ... rows evenly, each packed first-fit decreasing."""
+    hidden size (matmuls per position plus attention per pair of positions). Tries ~33 widths from the longest
+    sequence to twice it and wider ones that fill 1, 2, ... rows evenly, each packed first-fit decreasing."""
     longest, total, span = max(lengths), sum(lengths), SPAN_PER_HIDDEN * hidden_size
 
     def cost(rows: int, width: int) -> float:
@@ -100,16 +103,17 @@ def plan_rows(lengths: list[int], padded_width: int, hidden_size: int, multiple:
 class PackedBatch:
     """A padded ``[B, L]`` batch laid out as ``[R, C]`` packed rows, and the map back."""
 
-    input_ids: torch.Tensor       # [R, C] sequences end to end; free positions hold the pad id
-    position_ids: torch.Tensor    # [R, C] 0, 1, ... within each sequence
-    allowed: torch.Tensor         # [R, 1, C, C] block-diagonal causal mask, True = may attend
-    index: torch.Tensor           # [B, L] flat position in R*C of each padded position (0 on padding)
+    input_ids: torch.Tensor  # [R, C] sequences end to end; free positions hold the pad id
+    position_ids: torch.Tensor  # [R, C] 0, 1, ... within each sequence
+    allowed: torch.Tensor  # [R, 1, C, C] block-diagonal causal mask, True = may attend
+    index: torch.Tensor  # [B, L] flat position in R*C of each padded position (0 on padding)
 
     def mask_for(self, model) -> torch.Tensor:
         """The 4-D attention mask in the form ``model``'s attention takes: bool (sdpa) or additive (eager)."""
         if _config(model)._attn_implementation == "eager":
             return torch.zeros(self.allowed.shape, device=self.allowed.device).masked_fill(
-                ~self.allowed, torch.finfo(torch.float32).min)
+                ~self.allowed, torch.finfo(torch.float32).min
+            )
         return self.allowed
 
     def model_inputs(self, model) -> dict[str, torch.Tensor]:

@@ -26,18 +26,35 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "init-model": Command(c.InitModelConfig, "rlhfkit.models.init_model:init_model",
-                          "build a small random causal LM and a BPE tokenizer trained on local text"),
-    "sft": Command(c.SFTConfig, "rlhfkit.trainers.sft:train", "supervised fine-tuning on prompt/completion or chat data"),
+    "init-model": Command(
+        c.InitModelConfig,
+        "rlhfkit.models.init_model:init_model",
+        "build a small random causal LM and a BPE tokenizer trained on local text",
+    ),
+    "sft": Command(
+        c.SFTConfig, "rlhfkit.trainers.sft:train", "supervised fine-tuning on prompt/completion or chat data"
+    ),
     "rm": Command(c.RMConfig, "rlhfkit.trainers.rm:train", "reward model from preference pairs (Bradley-Terry)"),
-    "ppo": Command(c.PPOConfig, "rlhfkit.trainers.ppo:train", "PPO against a reward model with a KL penalty to a frozen reference"),
-    "dpo": Command(c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"),
+    "ppo": Command(
+        c.PPOConfig, "rlhfkit.trainers.ppo:train", "PPO against a reward model with a KL penalty to a frozen reference"
+    ),
+    "dpo": Command(
+        c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"
+    ),
     "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
-    "score": Command(c.ScoreConfig, "rlhfkit.inference.score:run", "reward-model scores for prompt/response rows -> JSONL"),
-    "eval": Command(c.EvalConfig, "rlhfkit.inference.evaluate:run",
-                    "sample a policy on prompts: RM score, gold score, KL to a reference, length, diversity -> JSON"),
-    "demo": Command(c.DemoConfig, "rlhfkit.demo.pipeline:run",
-                    "the built-in customer-support task end to end (SFT, RM, PPO, PPO without KL, DPO) with a report"),
+    "score": Command(
+        c.ScoreConfig, "rlhfkit.inference.score:run", "reward-model scores for prompt/response rows -> JSONL"
+    ),
+    "eval": Command(
+        c.EvalConfig,
+        "rlhfkit.inference.evaluate:run",
+        "sample a policy on prompts: RM score, gold score, KL to a reference, length, diversity -> JSON",
+    ),
+    "demo": Command(
+        c.DemoConfig,
+        "rlhfkit.demo.pipeline:run",
+        "the built-in customer-support task end to end (SFT, RM, PPO, PPO without KL, DPO) with a report",
+    ),
 }
 
 

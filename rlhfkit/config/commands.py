@@ -7,7 +7,7 @@ an option keeps one definition and one docstring.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal
 
 from rlhfkit.config import options
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
@@ -27,11 +27,22 @@ def _at_least(low, **values) -> None:
 
 
 def _check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None) -> None:
-    _positive(learning_rate=optim.learning_rate, batch_size=optim.batch_size,
-              gradient_accumulation_steps=optim.gradient_accumulation_steps, num_epochs=optim.num_epochs,
-              logging_steps=run.logging_steps, save_total_limit=run.save_total_limit)
-    _at_least(0, warmup_steps=optim.warmup_steps, weight_decay=optim.weight_decay,
-              max_grad_norm=optim.max_grad_norm, eval_steps=run.eval_steps, save_steps=run.save_steps)
+    _positive(
+        learning_rate=optim.learning_rate,
+        batch_size=optim.batch_size,
+        gradient_accumulation_steps=optim.gradient_accumulation_steps,
+        num_epochs=optim.num_epochs,
+        logging_steps=run.logging_steps,
+        save_total_limit=run.save_total_limit,
+    )
+    _at_least(
+        0,
+        warmup_steps=optim.warmup_steps,
+        weight_decay=optim.weight_decay,
+        max_grad_norm=optim.max_grad_norm,
+        eval_steps=run.eval_steps,
+        save_steps=run.save_steps,
+    )
     if optim.max_steps == 0 or optim.max_steps < -1:
         raise UserError(f"--max-steps must be > 0 or -1, got {optim.max_steps}")
     if lora is not None:
@@ -76,7 +87,8 @@ class RewardArgs:
     center_coef: float = 0.0
     """Reward centering: adds center_coef x mean((s_chosen + s_rejected)^2) so scores stay near 0."""
     ensemble: int = 1
-    """Train K reward models with seeds seed..seed+K-1 (OUT = member 0, OUT/member-i); scores are their mean (and std)."""
+    """Train K reward models with seeds seed..seed+K-1 (OUT = member 0, OUT/member-i); scores are their mean
+    (and std)."""
     conservative_k: float = 1.0
     """Ensemble conservative score = mean - conservative_k x std."""
 
@@ -111,7 +123,7 @@ class PPOArgs:
     """PPO clipping range epsilon for the probability ratio."""
     vf_coef: float = 0.1
     """c1: weight of the value loss."""
-    value_clip: Optional[float] = 0.2
+    value_clip: float | None = 0.2
     """Clip the value update to old value +- this; none disables."""
     entropy_coef: float = 0.0
     """c2: weight of the entropy bonus."""
@@ -119,7 +131,7 @@ class PPOArgs:
     """c3: weight of a KL-to-reference term added to the loss (besides the KL penalty in the reward)."""
     kl_coef: float = 0.05
     """beta: initial coefficient of the per-token KL penalty in the reward."""
-    target_kl: Optional[float] = None
+    target_kl: float | None = None
     """Set to adapt beta toward this per-sequence KL (Ziegler et al. 2019); none keeps beta fixed."""
     kl_horizon: int = 10000
     """Horizon (in samples) of the adaptive KL controller."""
@@ -135,11 +147,11 @@ class PPOArgs:
     """Normalise advantages to mean 0, std 1 over the batch."""
     normalize_reward: bool = True
     """Standardise RM scores with the mean/std saved beside the reward model."""
-    reward_clip: Optional[float] = 10.0
+    reward_clip: float | None = 10.0
     """Clip (normalised) scores to +- this; none disables."""
     ensemble_mode: Literal["mean", "conservative"] = "mean"
     """For an ensemble reward model: use the mean score, or mean - k x std."""
-    missing_eos_penalty: Optional[float] = None
+    missing_eos_penalty: float | None = None
     """Subtract this from the score of responses that never emit EOS; none disables."""
     ref_update_steps: int = 0
     """Copy the policy into the reference every N steps (0: never)."""
@@ -166,11 +178,24 @@ class PPOConfig:
     def check(self) -> None:
         _check_training(self.optim, self.run, self.lora)
         p = self.ppo
-        _positive(ppo_epochs=p.ppo_epochs, num_minibatches=p.num_minibatches, clip_eps=p.clip_eps,
-                  target_kl=p.target_kl, kl_horizon=p.kl_horizon, temperature=self.generation.temperature,
-                  max_new_tokens=self.generation.max_new_tokens, value_clip=p.value_clip)
-        _at_least(0, kl_coef=p.kl_coef, vf_coef=p.vf_coef, entropy_coef=p.entropy_coef,
-                  kl_loss_coef=p.kl_loss_coef, ref_update_steps=p.ref_update_steps)
+        _positive(
+            ppo_epochs=p.ppo_epochs,
+            num_minibatches=p.num_minibatches,
+            clip_eps=p.clip_eps,
+            target_kl=p.target_kl,
+            kl_horizon=p.kl_horizon,
+            temperature=self.generation.temperature,
+            max_new_tokens=self.generation.max_new_tokens,
+            value_clip=p.value_clip,
+        )
+        _at_least(
+            0,
+            kl_coef=p.kl_coef,
+            vf_coef=p.vf_coef,
+            entropy_coef=p.entropy_coef,
+            kl_loss_coef=p.kl_loss_coef,
+            ref_update_steps=p.ref_update_steps,
+        )
         if self.optim.batch_size % (p.num_minibatches * self.optim.gradient_accumulation_steps):
             raise UserError("--batch-size must be divisible by --num-minibatches x --gradient-accumulation-steps")
         if p.ref_update_steps and self.lora.lora_r:
@@ -188,7 +213,8 @@ class DPOArgs:
     label_smoothing: float = 0.0
     """Conservative DPO: assumed probability that a preference label is flipped (sigmoid loss only)."""
     precompute_ref: bool = False
-    """Compute the reference log-probs of every training pair once before training, saving one reference forward pass per step."""
+    """Compute the reference log-probs of every training pair once before training, saving one reference
+    forward pass per step."""
 
 
 @dataclass
@@ -231,8 +257,11 @@ class GenerateConfig:
     generation: GenerationArgs = field(default_factory=GenerationArgs)
 
     def check(self) -> None:
-        _positive(batch_size=self.io.batch_size, temperature=self.generation.temperature,
-                  max_new_tokens=self.generation.max_new_tokens)
+        _positive(
+            batch_size=self.io.batch_size,
+            temperature=self.generation.temperature,
+            max_new_tokens=self.generation.max_new_tokens,
+        )
 
 
 @dataclass
@@ -273,8 +302,11 @@ class EvalConfig:
     generation: GenerationArgs = field(default_factory=GenerationArgs)
 
     def check(self) -> None:
-        _positive(batch_size=self.io.batch_size, temperature=self.generation.temperature,
-                  max_new_tokens=self.generation.max_new_tokens)
+        _positive(
+            batch_size=self.io.batch_size,
+            temperature=self.generation.temperature,
+            max_new_tokens=self.generation.max_new_tokens,
+        )
         _at_least(0, num_prompts=self.eval.num_prompts)
 
 

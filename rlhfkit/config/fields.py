@@ -1,9 +1,9 @@
 """Read the docstrings written under dataclass fields, so each option is documented once.
 
-    @dataclass
-    class OptimArgs:
-        learning_rate: float = 1e-5
-        \"\"\"Peak learning rate of AdamW.\"\"\"
+@dataclass
+class OptimArgs:
+    learning_rate: float = 1e-5
+    \"\"\"Peak learning rate of AdamW.\"\"\"
 """
 
 from __future__ import annotations

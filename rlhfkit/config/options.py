@@ -27,8 +27,11 @@ def cpu() -> Any:
 
 
 def batch_size(default: int) -> Any:
-    return option(default, "Rows per batch: sft/rm/dpo the micro-batch on each process, ppo the prompts (rollouts) "
-                           "per step, generate/score/eval the rows per forward pass.")
+    return option(
+        default,
+        "Rows per batch: sft/rm/dpo the micro-batch on each process, ppo the prompts (rollouts) "
+        "per step, generate/score/eval the rows per forward pass.",
+    )
 
 
 def trust_remote_code() -> Any:

@@ -144,10 +144,15 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def build_parser(prog: str, config: Any, description: str = "") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=_HelpFormatter,
-        argument_default=argparse.SUPPRESS, allow_abbrev=False,
+        prog=prog,
+        description=description,
+        formatter_class=_HelpFormatter,
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
     )
-    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of options; flags given on the command line win.")
+    parser.add_argument(
+        "--config", metavar="FILE.yaml", help="YAML file of options; flags given on the command line win."
+    )
     parser.add_argument("--debug", action="store_true", help="Show Python tracebacks for errors.")
     groups: dict[str, argparse._ArgumentGroup] = {}
     required = set(getattr(config, "REQUIRED", ()))

@@ -20,7 +20,9 @@ def pad(seqs: list[list[int]], value: int, side: str = "right") -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
-def pad_with_mask(seqs: list[list[int]], pad_id: int, side: str = "right", device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_with_mask(
+    seqs: list[list[int]], pad_id: int, side: str = "right", device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids [B, L], mask [B, L])``: the sequences padded with ``pad_id`` on ``side``, mask 1 on real tokens.
 
     Prompts for generation are padded on the left (every row's last prompt token in the last column);
@@ -43,7 +45,7 @@ class SequenceBatch:
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
 
-    def to(self, device) -> "SequenceBatch":
+    def to(self, device) -> SequenceBatch:
         return SequenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device))
 
     def last_token_index(self) -> torch.Tensor:
@@ -63,6 +65,12 @@ def collate_preferences(pairs: list[tuple[Encoded, Encoded]], pad_id: int) -> Se
     return collate_pairs([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
 
 
-def collate_sft(items: list[tuple[list[int], list[int]]], pad_id: int, ignore_index: int = -100) -> dict[str, torch.Tensor]:
+def collate_sft(
+    items: list[tuple[list[int], list[int]]], pad_id: int, ignore_index: int = -100
+) -> dict[str, torch.Tensor]:
     input_ids, attention_mask = pad_with_mask([i for i, _ in items], pad_id)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": pad([lab for _, lab in items], ignore_index)}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": pad([lab for _, lab in items], ignore_index),
+    }

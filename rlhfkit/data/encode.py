@@ -29,7 +29,9 @@ def _ids(tokenizer, text: str, special: bool) -> list[int]:
 def encode_prompt(tokenizer, prompt: Text, max_prompt_length: int) -> list[int]:
     """Prompt ids, keeping the last ``max_prompt_length`` tokens (the end is what the response follows)."""
     # String prompts get the tokenizer's special tokens (e.g. BOS); chat templates write their own.
-    ids = _ids(tokenizer, render_prompt(tokenizer, prompt), special=isinstance(prompt, str) or not has_chat_template(tokenizer))
+    ids = _ids(
+        tokenizer, render_prompt(tokenizer, prompt), special=isinstance(prompt, str) or not has_chat_template(tokenizer)
+    )
     return ids[-max_prompt_length:]
 
 
@@ -41,22 +43,33 @@ def encode_response(tokenizer, prompt: Text, response: Text, add_eos: bool = Tru
     return ids
 
 
-def encode_pair(tokenizer, prompt: Text, response: Text, max_length: int, max_prompt_length: int,
-                add_eos: bool = True, prompt_ids: list[int] | None = None) -> Encoded:
+def encode_pair(
+    tokenizer,
+    prompt: Text,
+    response: Text,
+    max_length: int,
+    max_prompt_length: int,
+    add_eos: bool = True,
+    prompt_ids: list[int] | None = None,
+) -> Encoded:
     """Prompt + response fitting in ``max_length``: the response is cut at its end first; a prompt that
     leaves no room for one response token then loses its first tokens."""
     if prompt_ids is None:
         prompt_ids = encode_prompt(tokenizer, prompt, max_prompt_length)
-    prompt_ids = prompt_ids[max(len(prompt_ids) - max(max_length - 1, 1), 0):]
+    prompt_ids = prompt_ids[max(len(prompt_ids) - max(max_length - 1, 1), 0) :]
     response_ids = encode_response(tokenizer, prompt, response, add_eos)
     room = max(max_length - len(prompt_ids), 1)
     return Encoded(prompt_ids, response_ids[:room])
 
 
-def encode_preference(tokenizer, ex: PreferenceExample, max_length: int, max_prompt_length: int) -> tuple[Encoded, Encoded]:
+def encode_preference(
+    tokenizer, ex: PreferenceExample, max_length: int, max_prompt_length: int
+) -> tuple[Encoded, Encoded]:
     prompt_ids = encode_prompt(tokenizer, ex.prompt, max_prompt_length)
-    return (encode_pair(tokenizer, ex.prompt, ex.chosen, max_length, max_prompt_length, prompt_ids=prompt_ids),
-            encode_pair(tokenizer, ex.prompt, ex.rejected, max_length, max_prompt_length, prompt_ids=prompt_ids))
+    return (
+        encode_pair(tokenizer, ex.prompt, ex.chosen, max_length, max_prompt_length, prompt_ids=prompt_ids),
+        encode_pair(tokenizer, ex.prompt, ex.rejected, max_length, max_prompt_length, prompt_ids=prompt_ids),
+    )
 
 
 def encode_sft(tokenizer, ex: SFTExample, max_length: int, max_prompt_length: int) -> tuple[list[int], list[int]]:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from rlhfkit.data.readers import Row, read_rows
 from rlhfkit.errors import UserError
 
 Message = dict[str, str]
-Text = Union[str, list[Message]]
+Text = str | list[Message]
 ROLES = ("system", "user", "assistant", "tool")
 HH_MARKER = "Assistant:"
 
@@ -125,7 +125,9 @@ def split_implicit_prompt(row: Row, chosen: Text, rejected: Text) -> tuple[Text,
             common += 1
         cut = chosen.rfind(HH_MARKER, 0, common)  # the last marker lying wholly in the shared prefix
         if cut < 0:
-            raise UserError(f"{row.where('chosen')}: no 'prompt' field and no shared '{HH_MARKER}' turn to split the prompt at")
+            raise UserError(
+                f"{row.where('chosen')}: no 'prompt' field and no shared '{HH_MARKER}' turn to split the prompt at"
+            )
         end = cut + len(HH_MARKER)
         if not chosen[end:].strip() or not rejected[end:].strip():
             raise UserError(f"{row.where('chosen')}: empty response after the last '{HH_MARKER}'")
@@ -135,7 +137,9 @@ def split_implicit_prompt(row: Row, chosen: Text, rejected: Text) -> tuple[Text,
             if conv[-1]["role"] != "assistant":
                 raise UserError(f"{row.where(name)}: the last message must be the assistant's response")
         if chosen[:-1] != rejected[:-1] or len(chosen) < 2:
-            raise UserError(f"{row.where('chosen')}: no 'prompt' field and chosen/rejected do not share the turns before the last")
+            raise UserError(
+                f"{row.where('chosen')}: no 'prompt' field and chosen/rejected do not share the turns before the last"
+            )
         return chosen[:-1], [chosen[-1]], [rejected[-1]]
     raise UserError(f"{row.where('rejected')}: 'chosen' and 'rejected' must both be strings or both message lists")
 
@@ -158,7 +162,9 @@ def to_example(row: Row, kind: Kind, command: str):
         if "prompt" in data and "completion" in data:
             prompt, completion = _text(row, "prompt"), _text(row, "completion")
             if isinstance(prompt, str) != isinstance(completion, str):
-                raise UserError(f"{row.where('completion')}: prompt and completion must both be strings or both message lists")
+                raise UserError(
+                    f"{row.where('completion')}: prompt and completion must both be strings or both message lists"
+                )
             return SFTExample(prompt=prompt, completion=completion)
         if "completion" in data:
             raise UserError(f"{row.where('prompt')}: missing")
@@ -172,15 +178,18 @@ def to_example(row: Row, kind: Kind, command: str):
         else:
             prompt, chosen, rejected = split_implicit_prompt(row, chosen, rejected)
         margin = data.get("margin")
-        if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin)):
+        if margin is not None and (
+            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin)
+        ):
             raise UserError(f"{row.where('margin')}: expected a finite number, got {margin!r}")
         return PreferenceExample(prompt, chosen, rejected, None if margin is None else float(margin))
     if kind == "prompt_response":
         name = "response" if "response" in data else "completion" if "completion" in data else None
         if "prompt" not in data or name is None:
             raise _wrong_kind(row, kind, command)
-        return ScoredExample(_text(row, "prompt"), _text(row, name),
-                             {k: v for k, v in data.items() if k not in ("prompt", name)})
+        return ScoredExample(
+            _text(row, "prompt"), _text(row, name), {k: v for k, v in data.items() if k not in ("prompt", name)}
+        )
     raise ValueError(f"unknown data kind {kind}")
 
 

@@ -55,7 +55,7 @@ def render_response(tokenizer, prompt: Text, response: Text) -> str:
     full = render_conversation(tokenizer, prompt_msgs + response, add_generation_prompt=False)
     if not full.startswith(head):  # templates that rewrite earlier turns: fall back to the bare content
         return "\n".join(m["content"] for m in response)
-    return full[len(head):]
+    return full[len(head) :]
 
 
 def conversation_segments(tokenizer, messages: list[Message]) -> list[tuple[str, bool]]:
@@ -71,10 +71,14 @@ def conversation_segments(tokenizer, messages: list[Message]) -> list[tuple[str,
         if msg["role"] != "assistant":
             continue
         head = render_conversation(tokenizer, messages[:i], add_generation_prompt=True)
-        full = render_conversation(tokenizer, messages[: i + 1], add_generation_prompt=False) if chat else head + " " + msg["content"]
+        full = (
+            render_conversation(tokenizer, messages[: i + 1], add_generation_prompt=False)
+            if chat
+            else head + " " + msg["content"]
+        )
         if not head.startswith(done) or not full.startswith(head):
             raise ValueError("the chat template does not render this conversation prefix-consistently")
-        pieces += [(head[len(done):], False), (full[len(head):], True)]
+        pieces += [(head[len(done) :], False), (full[len(head) :], True)]
         done = full
         if not chat:
             pieces.append(("\n", False))

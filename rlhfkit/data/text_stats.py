@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
-    return [tuple(words[i: i + n]) for i in range(len(words) - n + 1)]
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
 
 
 def distinct_n(texts: list[str], n: int) -> float:

@@ -13,20 +13,25 @@ from pathlib import Path
 
 from rich.console import Console
 
-
 console = Console(stderr=True)
 
 # Stage settings, tuned for a ~0.25M-parameter GPT-2 on 2 CPU cores (see README "The demo").
 SETTINGS = {
-    "sft": "--max-steps 300 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine --eval-steps 100",
+    "sft": (
+        "--max-steps 300 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine --eval-steps 100"
+    ),
     "rm": "--max-steps 300 --learning-rate 1e-3 --batch-size 32 --max-grad-norm 10 --eval-steps 50",
-    "ppo": ("--max-steps 80 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
-            "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 10 --sample-steps 10"),
+    "ppo": (
+        "--max-steps 80 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
+        "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 10 --sample-steps 10"
+    ),
     "dpo": "--max-steps 200 --learning-rate 1e-4 --batch-size 16 --beta 0.5 --precompute-ref --eval-steps 50",
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
-    "sft": "--max-steps 4 --batch-size 8", "rm": "--max-steps 4 --batch-size 8",
-    "ppo": "--max-steps 2 --batch-size 8 --max-new-tokens 8 --gold-steps 1", "dpo": "--max-steps 4 --batch-size 8",
+    "sft": "--max-steps 4 --batch-size 8",
+    "rm": "--max-steps 4 --batch-size 8",
+    "ppo": "--max-steps 2 --batch-size 8 --max-new-tokens 8 --gold-steps 1",
+    "dpo": "--max-steps 4 --batch-size 8",
 }
 EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
 # Samples per held-out prompt in the final evaluation: with one, a policy's mean gold score moves by about
@@ -58,13 +63,13 @@ class Stages:
 
 
 def run(cfg) -> dict:
+    import torch
+
+    from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.demo.report import write_report
     from rlhfkit.inference.evaluate import evaluate_policy
-    from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.tasks import get_judge
     from rlhfkit.tasks.support import label_noise_ceiling, write_task_data
-
-    import torch
 
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
@@ -76,18 +81,43 @@ def run(cfg) -> dict:
 
     files = stages.run("task data", lambda: write_task_data(out / "data", seed=cfg.seed))
     data = {k: str(v) for k, v in files.items()}
-    stages.run("init-model", lambda: _run("init-model", f"--corpus {data['corpus']} --output-dir {out}/base "
-                                                          f"--arch {cfg.arch} --size {cfg.size} --seed {cfg.seed}"))
-    stages.run("SFT", lambda: _run("sft", f"--model {out}/base --data {data['sft']} --eval-data {data['sft_eval']} "
-                                           f"--output-dir {out}/sft {settings['sft']} {common}"))
-    stages.run("reward model", lambda: _run("rm", f"--model {out}/sft --data {data['prefs_train']} "
-                                                   f"--eval-data {data['prefs_eval']} --output-dir {out}/rm {settings['rm']} {common}"))
-    ppo = (f"--model {out}/sft --reward-model {out}/rm --data {data['prompts_train']} --eval-data {data['prompts_eval']} "
-           f"--gold-judge support {settings['ppo']} {common}")
+    stages.run(
+        "init-model",
+        lambda: _run(
+            "init-model",
+            f"--corpus {data['corpus']} --output-dir {out}/base --arch {cfg.arch} --size {cfg.size} --seed {cfg.seed}",
+        ),
+    )
+    stages.run(
+        "SFT",
+        lambda: _run(
+            "sft",
+            f"--model {out}/base --data {data['sft']} --eval-data {data['sft_eval']} "
+            f"--output-dir {out}/sft {settings['sft']} {common}",
+        ),
+    )
+    stages.run(
+        "reward model",
+        lambda: _run(
+            "rm",
+            f"--model {out}/sft --data {data['prefs_train']} "
+            f"--eval-data {data['prefs_eval']} --output-dir {out}/rm {settings['rm']} {common}",
+        ),
+    )
+    ppo = (
+        f"--model {out}/sft --reward-model {out}/rm --data {data['prompts_train']} --eval-data {data['prompts_eval']} "
+        f"--gold-judge support {settings['ppo']} {common}"
+    )
     stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
     stages.run("PPO without KL (beta = 0)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0"))
-    stages.run("DPO", lambda: _run("dpo", f"--model {out}/sft --data {data['prefs_train']} --eval-data {data['prefs_eval']} "
-                                           f"--output-dir {out}/dpo {settings['dpo']} {common}"))
+    stages.run(
+        "DPO",
+        lambda: _run(
+            "dpo",
+            f"--model {out}/sft --data {data['prefs_train']} --eval-data {data['prefs_eval']} "
+            f"--output-dir {out}/dpo {settings['dpo']} {common}",
+        ),
+    )
 
     def evaluate_all():
         from rlhfkit.data.schema import load_examples
@@ -97,8 +127,15 @@ def run(cfg) -> dict:
         gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
         results = {}
         for name in ("sft", "ppo", "ppo_no_kl", "dpo"):
-            metrics, rows = evaluate_policy(str(out / name), prompts, gen, reward_model=str(out / "rm"),
-                                            reference=str(out / "sft"), judge=get_judge("support"), seed=cfg.seed)
+            metrics, rows = evaluate_policy(
+                str(out / name),
+                prompts,
+                gen,
+                reward_model=str(out / "rm"),
+                reference=str(out / "sft"),
+                judge=get_judge("support"),
+                seed=cfg.seed,
+            )
             results[name] = {"metrics": metrics, "samples": rows}
         return results
 

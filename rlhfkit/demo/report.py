@@ -27,7 +27,9 @@ def plot(out: Path) -> list[str]:
 
     runs = {name: _metrics(out / name) for name in ("ppo", "ppo_no_kl")}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, key, title in zip(axes, ("reward/score", "kl/ref", "policy/entropy"), ("RM score", "KL to reference", "entropy")):
+    for ax, key, title in zip(
+        axes, ("reward/score", "kl/ref", "policy/entropy"), ("RM score", "KL to reference", "entropy")
+    ):
         for name, rows in runs.items():
             ax.plot(*_series(rows, key), label=MODELS[name])
         ax.set_title(title)
@@ -38,7 +40,9 @@ def plot(out: Path) -> list[str]:
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=False)
-    for ax, key, title in zip(axes, ("reward/score", "reward/gold"), ("proxy: reward-model score", "gold judge (held-out prompts)")):
+    for ax, key, title in zip(
+        axes, ("reward/score", "reward/gold"), ("proxy: reward-model score", "gold judge (held-out prompts)")
+    ):
         for name, rows in runs.items():
             ax.plot(*_series(rows, key), marker="o" if key == "reward/gold" else None, label=MODELS[name])
         ax.set_title(title)
@@ -59,25 +63,47 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
     summary.update({f"kl/{n}": m[n].get("kl/ref") for n in MODELS if n != "sft"})
     summary.update({f"length/{n}": m[n].get("response/length") for n in MODELS})
     summary.update({f"distinct2/{n}": m[n].get("response/distinct_2") for n in MODELS})
-    summary.update({"rm/eval_accuracy": rm_acc, "rm/label_noise_ceiling": ceiling, "seconds": seconds,
-                    "stage_seconds": stage_seconds})
+    summary.update(
+        {
+            "rm/eval_accuracy": rm_acc,
+            "rm/label_noise_ceiling": ceiling,
+            "seconds": seconds,
+            "stage_seconds": stage_seconds,
+        }
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plots = plot(out)
 
-    lines = ["# rlhfkit demo: customer-support replies", "",
-             f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
-             "replies to held-out prompts; the gold judge is never used for training.", "",
-             "| model | gold | RM score | KL to SFT | length (words) | distinct-2 | repetition |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# rlhfkit demo: customer-support replies",
+        "",
+        f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
+        "replies to held-out prompts; the gold judge is never used for training.",
+        "",
+        "| model | gold | RM score | KL to SFT | length (words) | distinct-2 | repetition |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for n, label in MODELS.items():
         x = m[n]
         kl = "—" if n == "sft" else f"{x.get('kl/ref', float('nan')):.2f}"
-        lines.append(f"| {label} | {x['reward/gold']:.3f} | {x['reward/score']:.3f} | {kl} | {x['response/length']:.1f} "
-                     f"| {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |")
-    lines += ["", f"Reward model held-out accuracy: **{rm_acc:.3f}**, next to the label-noise ceiling **{ceiling:.3f}** "
-              "(the accuracy of the raters' own rule, the gold judge, on the same noisy labels).", "",
-              "## Over-optimisation", "", "![PPO curves](ppo_curves.png)", "", "![proxy vs gold](proxy_vs_gold.png)", "",
-              "## Sample replies (same held-out prompts)", ""]
+        lines.append(
+            f"| {label} | {x['reward/gold']:.3f} | {x['reward/score']:.3f} | {kl} | {x['response/length']:.1f} "
+            f"| {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Reward model held-out accuracy: **{rm_acc:.3f}**, next to the label-noise ceiling **{ceiling:.3f}** "
+        "(the accuracy of the raters' own rule, the gold judge, on the same noisy labels).",
+        "",
+        "## Over-optimisation",
+        "",
+        "![PPO curves](ppo_curves.png)",
+        "",
+        "![proxy vs gold](proxy_vs_gold.png)",
+        "",
+        "## Sample replies (same held-out prompts)",
+        "",
+    ]
     for i in range(min(5, len(results["sft"]["samples"]))):
         prompt = " ".join(str(results["sft"]["samples"][i]["prompt"]).split())
         lines.append(f"**{prompt}**")

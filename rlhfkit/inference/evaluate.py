@@ -18,17 +18,19 @@ from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.data.templates import render_prompt
-from rlhfkit.errors import UserError
 from rlhfkit.data.text_stats import text_stats
+from rlhfkit.errors import UserError
+from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, ended_with_stop, sample_responses, stop_token_ids
 from rlhfkit.training.batches import chunks
 from rlhfkit.training.runtime import pick_device
-from rlhfkit.models.forward import response_logprobs
 
 
 @torch.no_grad()
-def sequence_kl(policy, reference, prompt_ids, responses, pad_id: int, temperature: float, device, batch_size: int = 32) -> list[float]:
+def sequence_kl(
+    policy, reference, prompt_ids, responses, pad_id: int, temperature: float, device, batch_size: int = 32
+) -> list[float]:
     """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL)."""
     out = []
     for idx in chunks(list(range(len(responses))), batch_size):
@@ -41,9 +43,20 @@ def sequence_kl(policy, reference, prompt_ids, responses, pad_id: int, temperatu
     return out
 
 
-def evaluate_policy(policy_dir: str, prompts: list, generation, *, reward_model: str = "", reference: str = "",
-                    judge=None, seed: int = 0, batch_size: int = 32, max_prompt_length: int = 128,
-                    device: str | torch.device = "cpu", trust_remote_code: bool = False) -> tuple[dict, list[dict]]:
+def evaluate_policy(
+    policy_dir: str,
+    prompts: list,
+    generation,
+    *,
+    reward_model: str = "",
+    reference: str = "",
+    judge=None,
+    seed: int = 0,
+    batch_size: int = 32,
+    max_prompt_length: int = 128,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> tuple[dict, list[dict]]:
     """Sample one response per prompt and measure them; returns (metrics, sample rows)."""
     tokenizer = load_tokenizer(policy_dir, trust_remote_code)
     policy = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
@@ -71,7 +84,9 @@ def evaluate_policy(policy_dir: str, prompts: list, generation, *, reward_model:
             row["gold"] = g
     if reference:
         ref = load_causal_lm(reference, trust_remote_code, tokenizer).to(device).eval()
-        kls = sequence_kl(policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size)
+        kls = sequence_kl(
+            policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size
+        )
         metrics["kl/ref"] = sum(kls) / len(kls)
     return metrics, rows
 
@@ -87,11 +102,19 @@ def run(cfg) -> dict:
         except ValueError as exc:
             raise UserError(f"--gold-judge: {exc}") from None
     device = pick_device(cfg.io.cpu)
-    metrics, rows = evaluate_policy(cfg.model.model, [ex.prompt for ex in examples], cfg.generation,
-                                    reward_model=cfg.eval.reward_model, reference=cfg.eval.reference_model, judge=judge,
-                                    seed=cfg.io.seed, batch_size=cfg.io.batch_size,
-                                    max_prompt_length=cfg.io.max_prompt_length, device=device,
-                                    trust_remote_code=cfg.model.trust_remote_code)
+    metrics, rows = evaluate_policy(
+        cfg.model.model,
+        [ex.prompt for ex in examples],
+        cfg.generation,
+        reward_model=cfg.eval.reward_model,
+        reference=cfg.eval.reference_model,
+        judge=judge,
+        seed=cfg.io.seed,
+        batch_size=cfg.io.batch_size,
+        max_prompt_length=cfg.io.max_prompt_length,
+        device=device,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
     out = Path(cfg.io.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(metrics, indent=2) + "\n")

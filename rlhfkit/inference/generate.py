@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from rlhfkit.data.encode import encode_prompt
@@ -44,8 +43,9 @@ def run(cfg) -> Path:
     # 3. Sample.
     seed_everything(cfg.io.seed)
     with tqdm(total=len(examples), desc="generate", unit="row", dynamic_ncols=True) as bar:
-        responses = sample_responses(model, tokenizer, prompts_ids, cfg.generation, cfg.io.batch_size, device,
-                                     progress=bar.update)
+        responses = sample_responses(
+            model, tokenizer, prompts_ids, cfg.generation, cfg.io.batch_size, device, progress=bar.update
+        )
 
     # 4. Write rows in input order.
     rows = []

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from rlhfkit.data.readers import read_rows
 from rlhfkit.data.schema import to_example
 from rlhfkit.errors import UserError

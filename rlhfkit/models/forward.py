@@ -18,7 +18,9 @@ from rlhfkit.data.collate import SequenceBatch
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 
 
-def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack_sequences: bool = False) -> torch.Tensor:
+def next_token_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pack_sequences: bool = False
+) -> torch.Tensor:
     """``[B, L-1, V]`` logits predicting tokens 1..L-1 of each (right-padded) row. ``pack_sequences``: run the model
     on packed rows where that is cheaper (``rlhfkit.accel.packing``; the same logits on every real position)."""
     # packing reads the config of the model inside any DDP / PEFT wrapper itself (lora.base_model)
@@ -29,8 +31,9 @@ def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return packed.gather(out.logits, 0, input_ids.shape[1] - 1)
 
 
-def token_logprobs(model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False,
-                   pack_sequences: bool = False):
+def token_logprobs(
+    model, batch: SequenceBatch, temperature: float = 1.0, with_entropy: bool = False, pack_sequences: bool = False
+):
     """Log-probs ``[B, L-1]`` of each next token, its mask ``[B, L-1]`` (1 on response tokens), and
     optionally the entropy ``[B, L-1]`` of the next-token distribution."""
     logits = next_token_logits(model, batch.input_ids, batch.attention_mask, pack_sequences).float()
@@ -53,8 +56,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def response_logits(model, input_ids, attention_mask, n_response: int, hidden: bool = False,
-                    packed: PackedBatch | None = None):
+def response_logits(
+    model, input_ids, attention_mask, n_response: int, hidden: bool = False, packed: PackedBatch | None = None
+):
     """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
     L = input_ids.shape[1]
     if packed is not None:
@@ -62,16 +66,22 @@ def response_logits(model, input_ids, attention_mask, n_response: int, hidden: b
         logits = packed.gather(out.logits, L - n_response - 1, L - 1)
         states = packed.gather(out.hidden_states[-1], L - n_response - 1, L - 1) if hidden else None
         return logits, states
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                output_hidden_states=hidden, logits_to_keep=n_response + 1)
-    logits = out.logits[:, -(n_response + 1):-1]  # position t predicts token t + 1
-    states = out.hidden_states[-1][:, -(n_response + 1):-1] if hidden else None
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        output_hidden_states=hidden,
+        logits_to_keep=n_response + 1,
+    )
+    logits = out.logits[:, -(n_response + 1) : -1]  # position t predicts token t + 1
+    states = out.hidden_states[-1][:, -(n_response + 1) : -1] if hidden else None
     return logits, states
 
 
 @torch.no_grad()
-def response_logprobs(model, input_ids, attention_mask, n_response: int, temperature: float = 1.0,
-                      packed: PackedBatch | None = None) -> torch.Tensor:
+def response_logprobs(
+    model, input_ids, attention_mask, n_response: int, temperature: float = 1.0, packed: PackedBatch | None = None
+) -> torch.Tensor:
     """``[B, T]`` log-probs of the T response tokens of ``[left-padded prompt | response]`` rows under
     ``model`` (no gradient): the frozen reference's, or the policy's when measuring KL after training."""
     logits, _ = response_logits(model, input_ids, attention_mask, n_response, packed=packed)

@@ -8,8 +8,8 @@ the same in rollouts and updates (RL fine-tuning needs that).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from rlhfkit.errors import UserError
 
@@ -67,25 +67,55 @@ def train_tokenizer(lines: list[str], vocab_size: int):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(lines, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, pad_token=PAD, unk_token=None,
-                                   model_max_length=SIZES["small"]["positions"])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=EOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=None,
+        model_max_length=SIZES["small"]["positions"],
+    )
 
 
 def model_config(arch: str, size: str, tokenizer):
     from transformers import GPT2Config, LlamaConfig
 
     s = SIZES[size]
-    ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if arch == "gpt2":
-        return GPT2Config(n_embd=s["hidden"], n_layer=s["layers"], n_head=s["heads"], n_inner=s["intermediate"],
-                          n_positions=s["positions"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)
-    return LlamaConfig(hidden_size=s["hidden"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                       num_key_value_heads=s["heads"], intermediate_size=s["intermediate"],
-                       max_position_embeddings=s["positions"], tie_word_embeddings=True, **ids)
+        return GPT2Config(
+            n_embd=s["hidden"],
+            n_layer=s["layers"],
+            n_head=s["heads"],
+            n_inner=s["intermediate"],
+            n_positions=s["positions"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **ids,
+        )
+    return LlamaConfig(
+        hidden_size=s["hidden"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["heads"],
+        intermediate_size=s["intermediate"],
+        max_position_embeddings=s["positions"],
+        tie_word_embeddings=True,
+        **ids,
+    )
 
 
 def build_model(arch: str, size: str, tokenizer, seed: int):

@@ -28,7 +28,11 @@ def check_model_dir(path: str, what: str = "model") -> Path:
         raise UserError(f"{path}/config.json: not valid JSON") from None
     if not any(p.glob("*.safetensors")):
         pickled = [f.name for f in p.glob("*.bin")] + [f.name for f in p.glob("*.pt")]
-        hint = f" (found {', '.join(pickled)}: pickled weights are not loaded; convert them to safetensors)" if pickled else ""
+        hint = (
+            f" (found {', '.join(pickled)}: pickled weights are not loaded; convert them to safetensors)"
+            if pickled
+            else ""
+        )
         raise UserError(f"{path}: no *.safetensors weights{hint}")
     return p
 
@@ -55,8 +59,9 @@ def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **k
 
     check_model_dir(path, what)
     try:
-        model = auto_cls.from_pretrained(path, trust_remote_code=trust_remote_code, use_safetensors=True,
-                                         local_files_only=True, **kwargs)
+        model = auto_cls.from_pretrained(
+            path, trust_remote_code=trust_remote_code, use_safetensors=True, local_files_only=True, **kwargs
+        )
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
     prepare_model(model)

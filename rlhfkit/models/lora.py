@@ -10,8 +10,6 @@ import contextlib
 import warnings
 from pathlib import Path
 
-import torch
-
 from rlhfkit.errors import UserError
 from rlhfkit.training.checkpoint import assert_finite
 
@@ -22,8 +20,13 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
 
     targets = lora.lora_target_modules
     target_modules = "all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-    config = LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
-                        target_modules=target_modules, task_type=task_type)
+    config = LoraConfig(
+        r=lora.lora_r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=target_modules,
+        task_type=task_type,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GPT-2's Conv1D fan_in_fan_out notice
         try:
@@ -70,4 +73,3 @@ def _without_lora(state: dict) -> dict:
     """A LoRA-wrapped model's state dict under the plain model's names: adapter tensors dropped, each
     wrapped layer's ``base_layer`` (holding the merged weight) under the original layer name."""
     return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
-

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.accel.packing import can_pack, pack_batch
 from rlhfkit.data.collate import SequenceBatch, collate_pairs
 from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
-from rlhfkit.models.unwrap import without_ddp
 from rlhfkit.models.loading import load_pretrained, load_reward_model, load_tokenizer, match_tokenizer
-from rlhfkit.accel.packing import can_pack, pack_batch
+from rlhfkit.models.unwrap import without_ddp
 from rlhfkit.training.batches import chunks
 
 STATS_FILE = "reward_stats.json"
@@ -57,8 +57,9 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
     """
     from transformers import AutoModelForSequenceClassification
 
-    model = load_pretrained(AutoModelForSequenceClassification, path, "model", trust_remote_code,
-                            num_labels=1, ignore_mismatched_sizes=True)
+    model = load_pretrained(
+        AutoModelForSequenceClassification, path, "model", trust_remote_code, num_labels=1, ignore_mismatched_sizes=True
+    )
     match_tokenizer(model, tokenizer, path)
     return model
 
@@ -69,8 +70,11 @@ def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) ->
     inner = without_ddp(model)
     if is_encoder(inner):
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0].float()
-    packed = pack_batch(inner, batch.input_ids, batch.attention_mask, inner.config.pad_token_id or 0) \
-        if pack_sequences and can_pack(inner) else None
+    packed = (
+        pack_batch(inner, batch.input_ids, batch.attention_mask, inner.config.pad_token_id or 0)
+        if pack_sequences and can_pack(inner)
+        else None
+    )
     captured: list[torch.Tensor] = []
     handle = inner.score.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:
@@ -89,7 +93,9 @@ def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) ->
 
 
 @torch.no_grad()
-def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, device, pack_sequences: bool = True) -> torch.Tensor:
+def score_encoded(
+    model, items: list[Encoded], pad_id: int, batch_size: int, device, pack_sequences: bool = True
+) -> torch.Tensor:
     """``[N]`` scores of encoded rows, in order; rows are batched by length to waste little padding
     (and packed, see ``sequence_scores``). Eval mode is set for the pass and the previous mode restored.
     """
@@ -162,8 +168,16 @@ class RewardScorer:
     pack: score on packed rows where that is cheaper (``sequence_scores``); the same scores either way
     """
 
-    def __init__(self, members: list[_Member], device, stats: dict | None = None, conservative_k: float = 1.0,
-                 max_length: int | None = None, max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH, pack: bool = True):
+    def __init__(
+        self,
+        members: list[_Member],
+        device,
+        stats: dict | None = None,
+        conservative_k: float = 1.0,
+        max_length: int | None = None,
+        max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
+        pack: bool = True,
+    ):
         self.members = members
         self.pack = pack
         self.device = torch.device(device)
@@ -173,7 +187,7 @@ class RewardScorer:
         self.max_prompt_length = max_prompt_length
 
     @classmethod
-    def load(cls, path: str, device, trust_remote_code: bool = False, pack: bool = True) -> "RewardScorer":
+    def load(cls, path: str, device, trust_remote_code: bool = False, pack: bool = True) -> RewardScorer:
         """Load a reward-model directory, or an ensemble directory (one with ``ensemble.json``)."""
         root = Path(path)
         ensemble = _read_json(root / ENSEMBLE_FILE) if root.is_dir() else None
@@ -190,16 +204,24 @@ class RewardScorer:
         if stats is not None:
             stats = {"mean": float(stats["mean"]), "std": float(stats["std"])}
         k = float(ensemble.get("conservative_k", 1.0)) if ensemble is not None else 1.0
-        return cls(members, device, stats, k, own.get("max_length"), own.get("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
-                   pack)
+        return cls(
+            members,
+            device,
+            stats,
+            k,
+            own.get("max_length"),
+            own.get("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
+            pack,
+        )
 
     @property
     def is_ensemble(self) -> bool:
         return len(self.members) > 1
 
     @torch.no_grad()
-    def member_scores(self, prompts: list[Text], responses: list[Text], batch_size: int = 32,
-                      finished: list[bool] | None = None) -> torch.Tensor:
+    def member_scores(
+        self, prompts: list[Text], responses: list[Text], batch_size: int = 32, finished: list[bool] | None = None
+    ) -> torch.Tensor:
         """``[K, B]`` scores of each member (K = 1 for a single model), on the scorer's device.
 
         ``finished[i]`` False marks a response that was cut off (it never emitted EOS): it is scored as
@@ -212,13 +234,16 @@ class RewardScorer:
             finished = [True] * len(responses)
         rows = []
         for m in self.members:
-            items = [encode_pair(m.tokenizer, p, r, self.max_length, self.max_prompt_length, add_eos=done)
-                     for p, r, done in zip(prompts, responses, finished)]
+            items = [
+                encode_pair(m.tokenizer, p, r, self.max_length, self.max_prompt_length, add_eos=done)
+                for p, r, done in zip(prompts, responses, finished)
+            ]
             rows.append(score_encoded(m.model, items, m.tokenizer.pad_token_id, batch_size, self.device, self.pack))
         return torch.stack(rows).to(self.device)
 
-    def score(self, prompts: list[Text], responses: list[Text], batch_size: int = 32,
-              finished: list[bool] | None = None) -> ScoreOutput:
+    def score(
+        self, prompts: list[Text], responses: list[Text], batch_size: int = 32, finished: list[bool] | None = None
+    ) -> ScoreOutput:
         """Scores of B rows: ``prompts`` are strings or message lists, ``responses`` decoded texts;
         ``finished`` as in ``member_scores``."""
         scores = self.member_scores(prompts, responses, batch_size, finished)

@@ -96,8 +96,9 @@ def _forward_accepts(model, name: str) -> bool:
     return name in inspect.signature(base_model(model).forward).parameters
 
 
-def _decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_args,
-            stops: list[int], pad_id: int) -> torch.Tensor:
+def _decode(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_args, stops: list[int], pad_id: int
+) -> torch.Tensor:
     """Sample up to ``max_new_tokens`` tokens after left-padded prompts, with a KV cache.
 
     input_ids, attention_mask: [B, P] left-padded prompts. Returns [B, T] sampled ids with
@@ -116,8 +117,14 @@ def _decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, genera
     step_ids, positions = input_ids, (attention_mask.cumsum(1) - 1).clamp(min=0)  # [B, P]; padding -> 0
     tokens = []
     for _ in range(g.max_new_tokens):
-        out = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
-                    past_key_values=cache, use_cache=True, **keep_last)
+        out = model(
+            input_ids=step_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **keep_last,
+        )
         cache = out.past_key_values
         # float32 like generate(): a half-precision softmax / CDF would bias the draw.
         logits = filter_logits(out.logits[:, -1].float(), g.temperature, g.top_k, g.top_p)  # [B, V]
@@ -141,27 +148,42 @@ def _generate(model, input_ids, attention_mask, generation_args, stops: list[int
     g, base = generation_args, base_model(model)
     saved = base.generation_config
     # generate() fills every unset option from model.generation_config, so a neutral one is swapped in.
-    base.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad_id, bos_token_id=saved.bos_token_id,
-                                              decoder_start_token_id=saved.decoder_start_token_id)
+    base.generation_config = GenerationConfig(
+        eos_token_id=stops,
+        pad_token_id=pad_id,
+        bos_token_id=saved.bos_token_id,
+        decoder_start_token_id=saved.decoder_start_token_id,
+    )
     try:
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True,
-                             temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
-                             max_new_tokens=g.max_new_tokens, min_new_tokens=0, pad_token_id=pad_id,
-                             eos_token_id=stops, use_cache=True)  # [B, P + T], or [B, 1 + T] decoder ids
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=g.temperature,
+            top_k=g.top_k,
+            top_p=g.top_p,
+            max_new_tokens=g.max_new_tokens,
+            min_new_tokens=0,
+            pad_token_id=pad_id,
+            eos_token_id=stops,
+            use_cache=True,
+        )  # [B, P + T], or [B, 1 + T] decoder ids
     finally:
         base.generation_config = saved
-    return out[:, 1:] if base.config.is_encoder_decoder else out[:, input_ids.shape[1]:]
+    return out[:, 1:] if base.config.is_encoder_decoder else out[:, input_ids.shape[1] :]
 
 
 def _loop_supported(model) -> bool:
     """Whether ``_decode`` can drive the model: a decoder-only forward with a KV cache and position ids."""
     return not base_model(model).config.is_encoder_decoder and all(
-        _forward_accepts(model, name) for name in ("past_key_values", "position_ids", "attention_mask"))
+        _forward_accepts(model, name) for name in ("past_key_values", "position_ids", "attention_mask")
+    )
 
 
 @torch.no_grad()
-def sample_responses(model, tokenizer, prompts_ids: list[list[int]], generation_args, batch_size: int,
-                     device, progress=None) -> list[list[int]]:
+def sample_responses(
+    model, tokenizer, prompts_ids: list[list[int]], generation_args, batch_size: int, device, progress=None
+) -> list[list[int]]:
     """Sample one response per prompt; returns response token ids, each cut after its first EOS (kept).
 
     EOS here is any of ``stop_token_ids``: the tokenizer's EOS and end-of-turn ids listed in the model's
@@ -183,7 +205,7 @@ def sample_responses(model, tokenizer, prompts_ids: list[list[int]], generation_
     responses: list[list[int]] = []
     try:
         for start in range(0, len(prompts_ids), batch_size):
-            chunk = prompts_ids[start: start + batch_size]
+            chunk = prompts_ids[start : start + batch_size]
             input_ids, attention_mask = pad_with_mask(chunk, pad_id, "left", device)  # [B, P] each
             new = decode_batch(model, input_ids, attention_mask, generation_args, stops, pad_id)  # [B, T]
             responses.extend(cut_at_stop(row, stops) for row in new.tolist())

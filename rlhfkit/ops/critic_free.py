@@ -38,9 +38,7 @@ def _unbiased_std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return x.std() if dim is None else x.std(dim=dim, keepdim=True)
 
 
-def grpo_advantages(
-    rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4
-) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
     """Group-relative advantage of each completion -> ``[B]`` (GRPO, Shao et al. 2024, DeepSeekMath).
 
         scale="group":  A_i = (r_i − mean_g) / (std_g + eps)

@@ -109,9 +109,7 @@ def _broadcast(per_sequence: Tensor, mask: Tensor) -> Tensor:
 
 
 @register_advantage_estimator("gae", needs_values=True)
-def _gae(
-    token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None
-) -> tuple[Tensor, Tensor]:
+def _gae(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """GAE(γ, λ) (Schulman et al. 2016): :func:`rlhfkit.ops.gae`."""
     assert values is not None  # checked by AdvantageEstimator.__call__
     return gae(token_rewards, values, mask, config.gamma, config.lam)
@@ -127,9 +125,7 @@ def _sequence(
 
 
 @register_advantage_estimator("grpo")
-def _grpo(
-    token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None
-) -> tuple[Tensor, Tensor]:
+def _grpo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024) on s_b: :func:`rlhfkit.ops.grpo_advantages` with ``config.scale``, ``eps``."""
     scores = _scores(token_rewards, mask)
     advantages = grpo_advantages(scores, config.group_size, config.scale, config.eps)
@@ -137,9 +133,7 @@ def _grpo(
 
 
 @register_advantage_estimator("rloo")
-def _rloo(
-    token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None
-) -> tuple[Tensor, Tensor]:
+def _rloo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024) on s_b: :func:`rlhfkit.ops.rloo_advantages`."""
     scores = _scores(token_rewards, mask)
     return _broadcast(rloo_advantages(scores, config.group_size), mask), _broadcast(scores, mask)

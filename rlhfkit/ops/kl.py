@@ -9,7 +9,7 @@ log r = lp_ref − lp for a token sampled from π:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

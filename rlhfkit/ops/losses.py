@@ -5,7 +5,7 @@ Shapes: ``[B, T]`` = batch × response tokens; ``mask`` is 1 on real tokens, 0 o
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -10,9 +10,9 @@ trainers never train on. Look tasks up by name:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import support
 

@@ -34,7 +34,15 @@ from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import Session, Trainables
 
 Pair = tuple[Encoded, Encoded]  # (chosen, rejected) with the same prompt ids
-METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "logps/chosen", "logps/rejected")
+METRICS = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margin",
+    "rewards/accuracy",
+    "logps/chosen",
+    "logps/rejected",
+)
 
 
 @dataclass
@@ -50,7 +58,9 @@ class PairBatch:
 
 
 def make_batch(pairs: list[Pair], rows: list[int], pad_id: int, device) -> PairBatch:
-    return PairBatch(torch.tensor(rows, dtype=torch.long), collate_preferences([pairs[i] for i in rows], pad_id).to(device))
+    return PairBatch(
+        torch.tensor(rows, dtype=torch.long), collate_preferences([pairs[i] for i in rows], pad_id).to(device)
+    )
 
 
 def split_pairs(logps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,8 +114,9 @@ def pair_losses(policy_logps: torch.Tensor, ref_logps: torch.Tensor, args) -> tu
     metric sums (divide by the number of pairs for means)."""
     chosen, rejected = split_pairs(policy_logps)
     ref_chosen, ref_rejected = split_pairs(ref_logps)
-    losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta,
-                                                        args.loss_type, args.label_smoothing)
+    losses, chosen_rewards, rejected_rewards = dpo_loss(
+        chosen, rejected, ref_chosen, ref_rejected, args.beta, args.loss_type, args.label_smoothing
+    )
     sums = {
         "loss": losses.detach().sum(),
         "rewards/chosen": chosen_rewards.sum(),
@@ -124,14 +135,25 @@ def encode_all(tokenizer, examples, data_args) -> list[Pair]:
 
 
 @torch.no_grad()
-def evaluate(model, reference: Reference, pairs: list[Pair], pad_id: int, batch_size: int, args, device, autocast,
-             pack_sequences: bool = True) -> dict[str, float]:
+def evaluate(
+    model,
+    reference: Reference,
+    pairs: list[Pair],
+    pad_id: int,
+    batch_size: int,
+    args,
+    device,
+    autocast,
+    pack_sequences: bool = True,
+) -> dict[str, float]:
     model.eval()
     totals = dict.fromkeys(METRICS, 0.0)
     for rows in chunks(list(range(len(pairs))), batch_size):
         batch = make_batch(pairs, rows, pad_id, device)
         with autocast():
-            _, sums = pair_losses(sequence_logprobs(model, batch.seqs, pack_sequences), reference.logps(batch, "eval"), args)
+            _, sums = pair_losses(
+                sequence_logprobs(model, batch.seqs, pack_sequences), reference.logps(batch, "eval"), args
+            )
         totals = {k: totals[k] + sums[k] for k in METRICS}
     model.train()
     return {f"eval/{k}": v / len(pairs) for k, v in totals.items()}
@@ -167,8 +189,10 @@ def train(cfg: DPOConfig) -> dict:
         if cfg.dpo.precompute_ref:
             start = time.perf_counter()
             reference.precompute("train", train_pairs, pad_id, cfg.optim.batch_size, device, accelerator.autocast)
-            session.logger.write(f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in "
-                                 f"{time.perf_counter() - start:.1f}s")
+            session.logger.write(
+                f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in "
+                f"{time.perf_counter() - start:.1f}s"
+            )
             reference.release()  # with full fine-tuning this frees the reference copy
 
         def loss(model, batch: PairBatch):
@@ -177,10 +201,23 @@ def train(cfg: DPOConfig) -> dict:
             return losses.sum(), sums
 
         def held_out(model) -> dict[str, float]:
-            return evaluate(model, reference, eval_pairs, pad_id, cfg.optim.batch_size, cfg.dpo, device,
-                            accelerator.autocast, pack_sequences)
+            return evaluate(
+                model,
+                reference,
+                eval_pairs,
+                pad_id,
+                cfg.optim.batch_size,
+                cfg.dpo,
+                device,
+                accelerator.autocast,
+                pack_sequences,
+            )
 
-        return Objective(lambda rows: make_batch(train_pairs, rows, pad_id, device), units=lambda batch: len(batch.rows),
-                         loss=loss, evaluate=held_out if eval_pairs else None)
+        return Objective(
+            lambda rows: make_batch(train_pairs, rows, pad_id, device),
+            units=lambda batch: len(batch.rows),
+            loss=loss,
+            evaluate=held_out if eval_pairs else None,
+        )
 
     return fit(cfg, model, tokenizer, len(train_pairs), "dpo", objective)

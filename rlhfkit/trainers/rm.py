@@ -27,8 +27,15 @@ from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.models.reward import (ENSEMBLE_FILE, STATS_FILE, RewardScorer, build_reward_model, score_encoded,
-                                   score_stats, sequence_scores)
+from rlhfkit.models.reward import (
+    ENSEMBLE_FILE,
+    STATS_FILE,
+    RewardScorer,
+    build_reward_model,
+    score_encoded,
+    score_stats,
+    sequence_scores,
+)
 from rlhfkit.ops import bradley_terry_loss
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
@@ -72,8 +79,9 @@ def preference_accuracy(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.T
     return ((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean()
 
 
-def preference_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None,
-                    center_coef: float) -> torch.Tensor:
+def preference_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None, center_coef: float
+) -> torch.Tensor:
     """Mean over B pairs of −log σ(s_c − s_r − margin) + center_coef·(s_c + s_r)².
 
     The centering term (Eisenstein et al. 2023) pins the free offset of Bradley–Terry scores near 0.
@@ -91,12 +99,16 @@ def pair_scores(model, batch: PairBatch, pack_sequences: bool = True) -> tuple[t
 
 
 @torch.no_grad()
-def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_sequences: bool = True) -> dict[str, float]:
+def evaluate(
+    model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_sequences: bool = True
+) -> dict[str, float]:
     chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device, pack_sequences)
     rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device, pack_sequences)
     margin = torch.tensor(pairs.margin)
-    return {"eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
-            "eval/accuracy": float(preference_accuracy(chosen, rejected))}
+    return {
+        "eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
+        "eval/accuracy": float(preference_accuracy(chosen, rejected)),
+    }
 
 
 def train(cfg) -> dict:
@@ -158,15 +170,23 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
             n = batch.num_pairs
             loss_sum = preference_loss(chosen, rejected, batch.margin, cfg.reward.center_coef) * n
             c, r = chosen.detach(), rejected.detach()
-            return loss_sum, {"loss": float(loss_sum.detach()), "accuracy": float(preference_accuracy(c, r)) * n,
-                              "reward/chosen": float(c.sum()), "reward/rejected": float(r.sum())}
+            return loss_sum, {
+                "loss": float(loss_sum.detach()),
+                "accuracy": float(preference_accuracy(c, r)) * n,
+                "reward/chosen": float(c.sum()),
+                "reward/rejected": float(r.sum()),
+            }
 
         def held_out(model) -> dict[str, float]:
             return evaluate(model, eval_pairs, pad_id, score_rows, session.device, pack_sequences)
 
-        return Objective(collate_rows, units=lambda batch: batch.num_pairs, loss=loss,
-                         evaluate=held_out if eval_pairs else None,
-                         derived=lambda m: {"reward/margin": m["reward/chosen"] - m["reward/rejected"]})
+        return Objective(
+            collate_rows,
+            units=lambda batch: batch.num_pairs,
+            loss=loss,
+            evaluate=held_out if eval_pairs else None,
+            derived=lambda m: {"reward/margin": m["reward/chosen"] - m["reward/rejected"]},
+        )
 
     # 3. Final model in Hugging Face format, then the score statistics PPO normalises with (written
     #    last: their presence marks a finished model).
@@ -176,31 +196,47 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
         if session.is_main:
             model = accelerator.unwrap_model(trainables.model)
             save_pretrained(model, tokenizer, session.output_dir)
-            scores = torch.cat([score_encoded(model, pairs, pad_id, score_rows, session.device, pack_sequences)
-                                for pairs in (train_pairs.chosen, train_pairs.rejected)])
-            stats = {**score_stats(scores), "max_length": cfg.data.max_length,
-                     "max_prompt_length": cfg.data.max_prompt_length}
+            scores = torch.cat(
+                [
+                    score_encoded(model, pairs, pad_id, score_rows, session.device, pack_sequences)
+                    for pairs in (train_pairs.chosen, train_pairs.rejected)
+                ]
+            )
+            stats = {
+                **score_stats(scores),
+                "max_length": cfg.data.max_length,
+                "max_prompt_length": cfg.data.max_prompt_length,
+            }
             _write_json(session.output_dir / STATS_FILE, stats)
         session.close()
 
     return fit(cfg, model, tokenizer, len(train_examples), "rm", objective, finish)
 
 
-def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExample],
-                   eval_examples: list[PreferenceExample]) -> dict:
+def write_ensemble(
+    cfg, members: list[Path], train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]
+) -> dict:
     """Write ``OUT/ensemble.json``: members, seeds, conservative k, and the statistics of the ensemble
     mean over the training responses (what PPO normalises), plus held-out accuracy when eval data is given."""
     root = Path(cfg.run.output_dir)
     names = [str(m.relative_to(root)) for m in members]
-    info = {"members": names, "seeds": [cfg.run.seed + i for i in range(len(members))],
-            "conservative_k": cfg.reward.conservative_k}
+    info = {
+        "members": names,
+        "seeds": [cfg.run.seed + i for i in range(len(members))],
+        "conservative_k": cfg.reward.conservative_k,
+    }
     _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = pick_device(cfg.run.cpu)
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
     rows = 2 * cfg.optim.batch_size
     prompts = [ex.prompt for ex in train_examples]
-    scores = torch.cat([scorer.member_scores(prompts, [ex.chosen for ex in train_examples], rows),
-                        scorer.member_scores(prompts, [ex.rejected for ex in train_examples], rows)], dim=1)
+    scores = torch.cat(
+        [
+            scorer.member_scores(prompts, [ex.chosen for ex in train_examples], rows),
+            scorer.member_scores(prompts, [ex.rejected for ex in train_examples], rows),
+        ],
+        dim=1,
+    )
     info["stats"] = score_stats(scores.mean(dim=0).cpu())
     metrics: dict[str, float] = {}
     if eval_examples:
@@ -210,10 +246,15 @@ def write_ensemble(cfg, members: list[Path], train_examples: list[PreferenceExam
         k = cfg.reward.conservative_k
         info["eval"] = {
             "accuracy": float(preference_accuracy(chosen.mean(0), rejected.mean(0))),
-            "conservative_accuracy": float(preference_accuracy(chosen.mean(0) - k * chosen.std(0),
-                                                               rejected.mean(0) - k * rejected.std(0))),
-            "member_accuracy": [float(preference_accuracy(c, r)) for c, r in zip(chosen, rejected)]}
-        metrics = {"eval/accuracy": info["eval"]["accuracy"], "eval/conservative_accuracy": info["eval"]["conservative_accuracy"]}
+            "conservative_accuracy": float(
+                preference_accuracy(chosen.mean(0) - k * chosen.std(0), rejected.mean(0) - k * rejected.std(0))
+            ),
+            "member_accuracy": [float(preference_accuracy(c, r)) for c, r in zip(chosen, rejected)],
+        }
+        metrics = {
+            "eval/accuracy": info["eval"]["accuracy"],
+            "eval/conservative_accuracy": info["eval"]["conservative_accuracy"],
+        }
     _write_json(root / ENSEMBLE_FILE, info)
     return metrics
 

@@ -44,7 +44,10 @@ def encode_all(tokenizer, examples, data_args, path: str) -> list:
             raise UserError(f"{path}: row {i + 1}: field 'messages': {exc}") from None
     for i, (_, labels) in enumerate(items):
         if all(label == IGNORE_INDEX for label in labels[1:]):
-            raise UserError(f"{path}: row {i + 1}: no completion tokens left after truncation to --max-length {data_args.max_length}")
+            raise UserError(
+                f"{path}: row {i + 1}: no completion tokens left after truncation to "
+                f"--max-length {data_args.max_length}"
+            )
     return items
 
 
@@ -84,7 +87,9 @@ def train(cfg: SFTConfig) -> dict:
             return loss_sum, {"loss": float(loss_sum.detach())}
 
         def held_out(model) -> dict[str, float]:
-            return {"eval/loss": evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device, pack_sequences)}
+            return {
+                "eval/loss": evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device, pack_sequences)
+            }
 
         return Objective(collate, units=completion_tokens, loss=loss, evaluate=held_out if eval_items else None)
 

@@ -29,8 +29,15 @@ class MetricsLogger:
     On resume, lines after the resumed step are dropped so the file reads as one uninterrupted run.
     """
 
-    def __init__(self, output_dir: str | Path, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 progress: bool = True, desc: str = "training"):
+    def __init__(
+        self,
+        output_dir: str | Path,
+        total_steps: int,
+        start_step: int = 0,
+        enabled: bool = True,
+        progress: bool = True,
+        desc: str = "training",
+    ):
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
         self.writer = None
@@ -56,7 +63,11 @@ class MetricsLogger:
         for key, value in record.items():
             if key != "step" and value is not None:
                 self.writer.add_scalar(key, value, step)
-        shown = {k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "reward/score", "kl/ref", "eval/loss") and v is not None}
+        shown = {
+            k: f"{v:.4g}"
+            for k, v in record.items()
+            if k in ("loss", "reward/score", "kl/ref", "eval/loss") and v is not None
+        }
         self.bar.set_postfix(shown, refresh=False)
 
     def text(self, tag: str, text: str, step: int) -> None:

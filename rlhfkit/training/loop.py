@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -49,9 +50,15 @@ class Objective:
     derived: Callable[[dict[str, float]], dict[str, float]] = field(default=lambda metrics: {})
 
 
-def fit(cfg, model: torch.nn.Module, tokenizer, n_rows: int, name: str,
-        objective: Callable[[Session, Trainables], Objective],
-        finish: Callable[[Session, Trainables], None] | None = None) -> dict[str, float]:
+def fit(
+    cfg,
+    model: torch.nn.Module,
+    tokenizer,
+    n_rows: int,
+    name: str,
+    objective: Callable[[Session, Trainables], Objective],
+    finish: Callable[[Session, Trainables], None] | None = None,
+) -> dict[str, float]:
     """Train ``model`` on ``n_rows`` rows as configured by ``cfg`` (a command config with ``optim`` and
     ``run`` parts); ``objective`` is built once the session and the prepared model exist. Returns the last
     step's metrics."""
@@ -95,5 +102,11 @@ def train_step(cfg, session: Session, trainables: Trainables, task: Objective, n
     grad_norm = updates.step(accelerator, model, trainables.optimizer, trainables.scheduler, cfg.optim.max_grad_norm)
     if not math.isfinite(stats["loss"]):
         raise FloatingPointError(f"{name}: the loss became {stats['loss']} at step {step}")
-    return {**stats, **task.derived(stats), "learning_rate": learning_rate, "grad_norm": grad_norm,
-            "epoch": trainables.stream.epoch, "time/step_s": time.perf_counter() - started}
+    return {
+        **stats,
+        **task.derived(stats),
+        "learning_rate": learning_rate,
+        "grad_norm": grad_norm,
+        "epoch": trainables.stream.epoch,
+        "time/step_s": time.perf_counter() - started,
+    }

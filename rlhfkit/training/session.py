@@ -97,8 +97,11 @@ class Trainables:
     stream: IndexStream
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "stream": self.stream.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "stream": self.stream.state_dict(),
+        }
 
 
 def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: int, seed: int) -> Trainables:
@@ -134,5 +137,7 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
         start = int(path.name.split("-")[1])
     if accelerator.is_main_process:
         save_config(config, out)
-    logger = MetricsLogger(out, total_steps, start, enabled=accelerator.is_main_process, progress=run.progress, desc=desc)
+    logger = MetricsLogger(
+        out, total_steps, start, enabled=accelerator.is_main_process, progress=run.progress, desc=desc
+    )
     return Session(accelerator, logger, checkpointer, out, start, total_steps)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 

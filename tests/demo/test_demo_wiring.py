@@ -33,9 +33,30 @@ def test_quick_demo_writes_report(tmp_path):
 
     # `rlhfkit eval` on the demo's policy, against the SFT reference: KL of a model to itself is 0
     result = tmp_path / "eval.json"
-    assert main(["eval", "--model", str(out / "sft"), "--data", str(out / "data" / "prompts_eval.jsonl"),
-                 "--output", str(result), "--reference-model", str(out / "sft"), "--reward-model", str(out / "rm"),
-                 "--gold-judge", "support", "--num-prompts", "8", "--max-new-tokens", "8"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(out / "sft"),
+                "--data",
+                str(out / "data" / "prompts_eval.jsonl"),
+                "--output",
+                str(result),
+                "--reference-model",
+                str(out / "sft"),
+                "--reward-model",
+                str(out / "rm"),
+                "--gold-judge",
+                "support",
+                "--num-prompts",
+                "8",
+                "--max-new-tokens",
+                "8",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads(result.read_text())
     assert metrics["n"] == 8 and abs(metrics["kl/ref"]) < 1e-4
     for key in ("reward/score", "reward/gold", "response/length", "response/distinct_2", "response/repetition"):

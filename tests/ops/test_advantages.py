@@ -54,9 +54,7 @@ def test_gae_gamma_lam_one_is_reward_to_go_minus_value():
     lengths, T = [5, 2, 4], 5
     rewards, values, mask = ragged_batch(lengths, T, seed=7)
     adv, _ = gae(t(rewards), t(values), t(mask), gamma=1.0, lam=1.0)
-    expected = [
-        [sum(r[i:n]) - v[i] if i < n else 0.0 for i in range(T)] for r, v, n in zip(rewards, values, lengths)
-    ]
+    expected = [[sum(r[i:n]) - v[i] if i < n else 0.0 for i in range(T)] for r, v, n in zip(rewards, values, lengths)]
     torch.testing.assert_close(adv, t(expected), **TOL)
 
 

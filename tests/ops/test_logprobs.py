@@ -9,9 +9,7 @@ TOL = dict(rtol=0, atol=1e-6)
 
 
 def test_logprobs_by_hand():
-    logits = torch.tensor(
-        [[[math.log(0.5), math.log(0.25), math.log(0.25)], [0.0, 0.0, 0.0]]], dtype=torch.float64
-    )
+    logits = torch.tensor([[[math.log(0.5), math.log(0.25), math.log(0.25)], [0.0, 0.0, 0.0]]], dtype=torch.float64)
     labels = torch.tensor([[0, 2]])
     expected = torch.tensor([[math.log(0.5), -math.log(3)]], dtype=torch.float64)
     torch.testing.assert_close(logprobs_from_logits(logits, labels), expected, **TOL)

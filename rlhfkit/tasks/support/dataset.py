@@ -178,9 +178,13 @@ def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | 
     files = {
         "sft": _write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
         "sft_eval": _write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
-        "prefs_train": _write_jsonl(out / "prefs_train.jsonl", make_preference_rows("train", seed, size["prefs_train"])),
+        "prefs_train": _write_jsonl(
+            out / "prefs_train.jsonl", make_preference_rows("train", seed, size["prefs_train"])
+        ),
         "prefs_eval": _write_jsonl(out / "prefs_eval.jsonl", make_preference_rows("eval", seed, size["prefs_eval"])),
-        "prompts_train": _write_jsonl(out / "prompts_train.jsonl", [{"prompt": r["prompt"]} for r in make_prompts("train")]),
+        "prompts_train": _write_jsonl(
+            out / "prompts_train.jsonl", [{"prompt": r["prompt"]} for r in make_prompts("train")]
+        ),
         "prompts_eval": _write_jsonl(out / "prompts_eval.jsonl", [{"prompt": r["prompt"]} for r in eval_prompts]),
     }
     corpus = out / "corpus.txt"

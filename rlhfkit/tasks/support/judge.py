@@ -65,8 +65,14 @@ def vocabulary() -> frozenset[str]:
         texts.extend(templates)
     for details in DETAILS.values():
         texts.extend(details)
-    for group in (replies.EMPATHY, replies.GREETINGS, replies.VAGUE_ACKNOWLEDGEMENTS, replies.GENERIC_ACTIONS,
-                  replies.CLOSINGS, replies.FILLERS):
+    for group in (
+        replies.EMPATHY,
+        replies.GREETINGS,
+        replies.VAGUE_ACKNOWLEDGEMENTS,
+        replies.GENERIC_ACTIONS,
+        replies.CLOSINGS,
+        replies.FILLERS,
+    ):
         texts.extend(group)
     for table in (replies.ACKNOWLEDGEMENTS, replies.ACTIONS):
         for group in table.values():

@@ -10,7 +10,7 @@ Prompt format (plain text for causal LMs; the reply follows with a leading space
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from .categories import CATEGORIES, PRODUCTS, PROMPT_KEYWORDS, count_any, words
 
@@ -136,7 +136,7 @@ def _messages(category: str) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _split() -> dict[str, tuple[dict, ...]]:
     """Stratified split: within each category, a fixed shuffle puts 20% in eval."""
     rng = random.Random(_SPLIT_SEED)

@@ -57,7 +57,10 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     "refund": ("I have refunded the full amount to your card.", "Your payment has been refunded in full."),
     "cancellation": ("I have cancelled the order at no charge.", "Your order is now cancelled."),
     "password reset": ("I sent a new reset link to your email.", "Please use the reset link I just emailed you."),
-    "app crash": ("Please install the latest version and restart the app.", "Installing the latest version will fix this."),
+    "app crash": (
+        "Please install the latest version and restart the app.",
+        "Installing the latest version will fix this.",
+    ),
 }
 GENERIC_ACTIONS = (
     "Please contact us again later.",
@@ -147,7 +150,12 @@ def sample_reply(rng: random.Random, category: str, product: str | None) -> str:
 def ideal_reply(rng: random.Random, category: str, product: str | None) -> str:
     """Every segment present and right: empathy, acknowledgement, action, closing."""
     return " ".join(
-        [rng.choice(EMPATHY), acknowledgement(rng, category, product), right_action(rng, category), rng.choice(CLOSINGS)]
+        [
+            rng.choice(EMPATHY),
+            acknowledgement(rng, category, product),
+            right_action(rng, category),
+            rng.choice(CLOSINGS),
+        ]
     )
 
 

@@ -34,27 +34,47 @@ class HackingMonitor:
             self.baseline = stats
         base = self.baseline
         ratio = stats["length"] / max(base["length"], 1e-6)
-        self._warn("length", ratio > self.length_ratio or ratio < 1 / self.length_ratio, step,
-                   f"mean response length {stats['length']:.1f} words vs {base['length']:.1f} at the start")
+        self._warn(
+            "length",
+            ratio > self.length_ratio or ratio < 1 / self.length_ratio,
+            step,
+            f"mean response length {stats['length']:.1f} words vs {base['length']:.1f} at the start",
+        )
         rep_rise = stats["repetition"] - base["repetition"]
-        self._warn("repetition", rep_rise > self.repetition_delta, step,
-                   f"repetition {stats['repetition']:.2f} vs {base['repetition']:.2f} at the start")
+        self._warn(
+            "repetition",
+            rep_rise > self.repetition_delta,
+            step,
+            f"repetition {stats['repetition']:.2f} vs {base['repetition']:.2f} at the start",
+        )
         self.proxy_since_gold.append(proxy)
-        out = {"monitor/length_ratio": ratio, "monitor/repetition": stats["repetition"],
-               "monitor/distinct_2": stats["distinct_2"]}
+        out = {
+            "monitor/length_ratio": ratio,
+            "monitor/repetition": stats["repetition"],
+            "monitor/distinct_2": stats["distinct_2"],
+        }
         if gold is not None:
             self.history.append((sum(self.proxy_since_gold) / len(self.proxy_since_gold), gold))
             self.proxy_since_gold = []
             if len(self.history) > self.window:
                 (p0, g0), (p1, g1) = self.history[-self.window - 1], self.history[-1]
-                self._warn("gold", p1 > p0 and g1 < g0, step,
-                           f"reward-model score rose {p0:.3f} -> {p1:.3f} while the gold score fell {g0:.3f} -> {g1:.3f}")
+                self._warn(
+                    "gold",
+                    p1 > p0 and g1 < g0,
+                    step,
+                    f"reward-model score rose {p0:.3f} -> {p1:.3f} while the gold score fell {g0:.3f} -> {g1:.3f}",
+                )
         out["monitor/warnings"] = float(self.warnings)
         return out
 
     def state_dict(self) -> dict:
-        return {"baseline": self.baseline, "proxy_since_gold": self.proxy_since_gold,
-                "history": [list(h) for h in self.history], "active": sorted(self.active), "warnings": self.warnings}
+        return {
+            "baseline": self.baseline,
+            "proxy_since_gold": self.proxy_since_gold,
+            "history": [list(h) for h in self.history],
+            "active": sorted(self.active),
+            "warnings": self.warnings,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.baseline = state["baseline"]

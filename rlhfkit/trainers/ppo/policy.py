@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhfkit.errors import UserError
 from rlhfkit.accel.packing import PackedBatch
+from rlhfkit.errors import UserError
 from rlhfkit.models.forward import position_ids, response_logits
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 
@@ -41,7 +41,9 @@ class SeparateValueModel(nn.Module):
         super().__init__()
         prefix = getattr(seq_cls_model, "base_model_prefix", "")
         if not hasattr(seq_cls_model, prefix) or not isinstance(getattr(seq_cls_model, "score", None), nn.Linear):
-            raise UserError("the value model must be a decoder reward model with a linear 'score' head (e.g. made by `rlhfkit rm`)")
+            raise UserError(
+                "the value model must be a decoder reward model with a linear 'score' head (e.g. made by `rlhfkit rm`)"
+            )
         self.backbone = getattr(seq_cls_model, prefix)
         self.score = seq_cls_model.score
 
@@ -50,8 +52,10 @@ class SeparateValueModel(nn.Module):
             L = input_ids.shape[1]
             out = self.backbone(**packed.model_inputs(self.backbone))
             return self.score(packed.gather(out.last_hidden_state, L - n_response - 1, L - 1)).squeeze(-1)
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
-        return self.score(out.last_hidden_state[:, -(n_response + 1):-1]).squeeze(-1)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        )
+        return self.score(out.last_hidden_state[:, -(n_response + 1) : -1]).squeeze(-1)
 
 
 class ActorCritic(nn.Module):
@@ -63,12 +67,20 @@ class ActorCritic(nn.Module):
         self.value_model = value_model
         self.value_head = None if value_model is not None else ValueHead(policy.config.hidden_size)
 
-    def forward(self, input_ids, attention_mask, n_response: int, temperature: float = 1.0, with_entropy: bool = False,
-                packed: PackedBatch | None = None):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        n_response: int,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        packed: PackedBatch | None = None,
+    ):
         """Log-probs of the given response tokens, values and (optionally) entropies, each ``[B, T]``.
         ``packed``: the same batch packed (``rlhfkit.accel.packing.pack``), to run on instead."""
-        logits, hidden = response_logits(self.policy, input_ids, attention_mask, n_response,
-                                         hidden=self.value_head is not None, packed=packed)
+        logits, hidden = response_logits(
+            self.policy, input_ids, attention_mask, n_response, hidden=self.value_head is not None, packed=packed
+        )
         logits = logits.float() / temperature
         logprobs = logprobs_from_logits(logits, input_ids[:, -n_response:])
         if self.value_head is not None:

@@ -52,12 +52,16 @@ class SampleWriter:
         if not self.logger.enabled:
             return
         texts = tokenizer.batch_decode(r.response_ids[:SAMPLES_PER_STEP], skip_special_tokens=True)
-        rows = [{"step": step, "prompt": p, "response": t, "score": float(s)}
-                for p, t, s in zip(prompts, texts, r.raw_scores.tolist())]
+        rows = [
+            {"step": step, "prompt": p, "response": t, "score": float(s)}
+            for p, t, s in zip(prompts, texts, r.raw_scores.tolist())
+        ]
         with self.path.open("a") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)
-        table = "\n\n".join(f"**prompt** {row['prompt']}  \n**response** {row['response']}  \n**score** {row['score']:.3f}"
-                            for row in rows)
+        table = "\n\n".join(
+            f"**prompt** {row['prompt']}  \n**response** {row['response']}  \n**score** {row['score']:.3f}"
+            for row in rows
+        )
         self.logger.text("samples", table, step)
 
 
@@ -68,7 +72,7 @@ class GoldEvaluator:
         self.judge, self.prompts = judge, prompts
 
     @classmethod
-    def create(cls, name: str, eval_examples: list) -> "GoldEvaluator | None":
+    def create(cls, name: str, eval_examples: list) -> GoldEvaluator | None:
         if not name:
             return None
         from rlhfkit.tasks import get_judge

@@ -16,18 +16,18 @@ from rlhfkit.models.sampling import ended_with_stop, sample_responses, stop_toke
 
 @dataclass
 class Rollout:
-    query_ids: torch.Tensor       # [B, P] prompt tokens, left-padded
-    query_mask: torch.Tensor      # [B, P] 1 on real prompt tokens
-    response_ids: torch.Tensor    # [B, T] sampled tokens, pad after the first EOS
-    response_mask: torch.Tensor   # [B, T] 1 on real response tokens (EOS included)
-    scores: torch.Tensor          # [B]    reward-model score used in the reward (normalised, clipped)
-    raw_scores: torch.Tensor      # [B]    reward-model score as the model gives it
-    logprobs: torch.Tensor        # [B, T] log pi_old(a_t | s_t), the policy that sampled
-    ref_logprobs: torch.Tensor    # [B, T] log pi_ref(a_t | s_t)
-    values: torch.Tensor          # [B, T] V_old(s_t)
-    rewards: torch.Tensor         # [B, T] -beta*KL_t, plus the score at the last real token
-    advantages: torch.Tensor      # [B, T]
-    returns: torch.Tensor         # [B, T] targets of the value function
+    query_ids: torch.Tensor  # [B, P] prompt tokens, left-padded
+    query_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
+    response_ids: torch.Tensor  # [B, T] sampled tokens, pad after the first EOS
+    response_mask: torch.Tensor  # [B, T] 1 on real response tokens (EOS included)
+    scores: torch.Tensor  # [B]    reward-model score used in the reward (normalised, clipped)
+    raw_scores: torch.Tensor  # [B]    reward-model score as the model gives it
+    logprobs: torch.Tensor  # [B, T] log pi_old(a_t | s_t), the policy that sampled
+    ref_logprobs: torch.Tensor  # [B, T] log pi_ref(a_t | s_t)
+    values: torch.Tensor  # [B, T] V_old(s_t)
+    rewards: torch.Tensor  # [B, T] -beta*KL_t, plus the score at the last real token
+    advantages: torch.Tensor  # [B, T]
+    returns: torch.Tensor  # [B, T] targets of the value function
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -41,7 +41,7 @@ class Rollout:
     def n_response(self) -> int:
         return self.response_ids.shape[1]
 
-    def select(self, index: torch.Tensor) -> "Rollout":
+    def select(self, index: torch.Tensor) -> Rollout:
         """The rows ``index`` of every field (a minibatch)."""
         return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)})
 

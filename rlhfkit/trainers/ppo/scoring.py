@@ -8,9 +8,17 @@ from rlhfkit.config.commands import PPOArgs
 from rlhfkit.models.reward import ScoreOutput
 
 
-def shape_scores(scores: ScoreOutput, response_mask: torch.Tensor, ppo: PPOArgs, stats: dict | None,
-                 conservative_k: float, eos_id: int | None, response_ids: torch.Tensor) -> torch.Tensor:
-    """``[B]`` reward from the reward model's ``[B]`` scores (and spread, for an ensemble): ensemble choice, normalisation, missing-EOS penalty, clipping.
+def shape_scores(
+    scores: ScoreOutput,
+    response_mask: torch.Tensor,
+    ppo: PPOArgs,
+    stats: dict | None,
+    conservative_k: float,
+    eos_id: int | None,
+    response_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``[B]`` reward from the reward model's ``[B]`` scores (and spread, for an ensemble): ensemble choice,
+    normalisation, missing-EOS penalty, clipping.
 
     - ensemble_mode 'conservative': ``mean − k·std`` (a pessimistic score, harder to exploit);
     - normalize_reward: ``(s − μ)/σ`` with the statistics saved beside the reward model;

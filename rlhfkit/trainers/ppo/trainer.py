@@ -21,24 +21,24 @@ from dataclasses import replace
 import torch
 
 from rlhfkit import ops
+from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
 from rlhfkit.config.commands import PPOConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
+from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
 from rlhfkit.models.lora import adapters_off, apply_lora
-from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
 from rlhfkit.models.reward import RewardScorer
-from rlhfkit.training import updates
-from rlhfkit.training.runtime import disable_dropout
-from rlhfkit.training.session import open_session
-from rlhfkit.training.stream import IndexStream
 from rlhfkit.trainers.ppo.monitor import HackingMonitor
-from rlhfkit.models.forward import response_logprobs
 from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.ppo.reporting import GoldEvaluator, SampleWriter, rollout_metrics
 from rlhfkit.trainers.ppo.rollout import Rollout, generate
 from rlhfkit.trainers.ppo.scoring import shape_scores
+from rlhfkit.training import updates
+from rlhfkit.training.runtime import disable_dropout
+from rlhfkit.training.session import open_session
+from rlhfkit.training.stream import IndexStream
 
 MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
 
@@ -52,12 +52,17 @@ class PPOTrainer:
         self.tokenizer, self.session = tokenizer, session
         self.accelerator = session.accelerator
         self.device = session.device
-        self.kl_ctl = (ops.AdaptiveKLController(self.ppo.kl_coef, self.ppo.target_kl, self.ppo.kl_horizon)
-                       if self.ppo.target_kl is not None else ops.FixedKLController(self.ppo.kl_coef))
+        self.kl_ctl = (
+            ops.AdaptiveKLController(self.ppo.kl_coef, self.ppo.target_kl, self.ppo.kl_horizon)
+            if self.ppo.target_kl is not None
+            else ops.FixedKLController(self.ppo.kl_coef)
+        )
         self.updates_per_step = self.ppo.ppo_epochs * self.ppo.num_minibatches
         optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * self.updates_per_step)
         self.optimizer = updates.build_optimizer(self.actor_critic, optim_args)
-        self.scheduler = updates.build_scheduler(self.optimizer, optim_args, session.total_steps * self.updates_per_step)
+        self.scheduler = updates.build_scheduler(
+            self.optimizer, optim_args, session.total_steps * self.updates_per_step
+        )
         self.actor_critic, self.optimizer = self.accelerator.prepare(self.actor_critic, self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
@@ -71,7 +76,11 @@ class PPOTrainer:
 
     def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedBatch | None:
         """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded."""
-        return pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id) if self.pack_sequences else None
+        return (
+            pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id)
+            if self.pack_sequences
+            else None
+        )
 
     # ---- steps 1-6: experience -------------------------------------------------------------
     @property
@@ -79,8 +88,12 @@ class PPOTrainer:
         """One minibatch, no accumulation, no dropout: the first PPO epoch's forward pass (with grad) is
         exactly the rollout policy's forward, so it also yields the old log-probs and values (step 3-4)
         and is not run twice. Ratios are then exactly 1 in epoch 1, as the PPO math has them."""
-        return (self.ppo.num_minibatches == 1 and self.cfg.optim.gradient_accumulation_steps == 1
-                and self.ppo.ppo_epochs > 0 and self.cfg.lora.lora_dropout == 0)
+        return (
+            self.ppo.num_minibatches == 1
+            and self.cfg.optim.gradient_accumulation_steps == 1
+            and self.ppo.ppo_epochs > 0
+            and self.cfg.lora.lora_dropout == 0
+        )
 
     @torch.no_grad()
     def make_rollout(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[Rollout, tuple | None, dict]:
@@ -92,15 +105,17 @@ class PPOTrainer:
         # 1. Generate.
         self.actor_critic.eval()
         query_ids, query_mask, response_ids, response_mask, finished = generate(
-            self.policy, self.tokenizer, prompt_ids, self.gen, self.device)
+            self.policy, self.tokenizer, prompt_ids, self.gen, self.device
+        )
         timings["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Score.
         phase_start = time.perf_counter()
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         out = self.scorer.score(prompts, texts, finished=finished)
         raw = out.mean.to(self.device).float()
-        scores = shape_scores(out, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k, eos,
-                              response_ids)
+        scores = shape_scores(
+            out, response_mask, self.ppo, self.scorer.stats, self.scorer.conservative_k, eos, response_ids
+        )
         timings["time/score_s"] = time.perf_counter() - phase_start
         # 3-4. Old log-probs and values (one pass), reference log-probs.
         phase_start = time.perf_counter()
@@ -135,8 +150,20 @@ class PPOTrainer:
             advantages, returns = ops.sequence_advantage(rewards, values, mask)
         if self.ppo.whiten_advantages:
             advantages = ops.masked_whiten(advantages, mask) * mask
-        rollout = Rollout(query_ids, query_mask, response_ids, response_mask, scores, raw, logprobs, ref_logprobs,
-                          values, rewards, advantages, returns)
+        rollout = Rollout(
+            query_ids,
+            query_mask,
+            response_ids,
+            response_mask,
+            scores,
+            raw,
+            logprobs,
+            ref_logprobs,
+            values,
+            rewards,
+            advantages,
+            returns,
+        )
         timings["time/rollout_s"] = time.perf_counter() - step_start
         return rollout, first_pass, timings
 
@@ -148,7 +175,9 @@ class PPOTrainer:
         mask = mb.response_mask.float()
         if outputs is None:
             input_ids, attn = mb.input_ids, mb.attention_mask
-            outputs = self.actor_critic(input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn))
+            outputs = self.actor_critic(
+                input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn)
+            )
         logprobs, values, entropy = outputs
         pg_loss, pg_stats = ops.ppo_policy_loss(logprobs, mb.logprobs, mb.advantages, mask, self.ppo.clip_eps)
         vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.ppo.value_clip)
@@ -157,9 +186,15 @@ class PPOTrainer:
         if self.ppo.kl_loss_coef > 0:
             kl_ref = ops.masked_mean(ops.kl_penalty(logprobs, mb.ref_logprobs, "k3"), mask)
             loss = loss + self.ppo.kl_loss_coef * kl_ref
-        stats = {"loss/policy": pg_loss, "loss/value": vf_loss, "loss/total": loss, "policy/entropy": ent,
-                 "policy/clipfrac": pg_stats["clipfrac"], "policy/approx_kl": pg_stats["approx_kl"],
-                 "value/clipfrac": vf_stats["clipfrac"]}
+        stats = {
+            "loss/policy": pg_loss,
+            "loss/value": vf_loss,
+            "loss/total": loss,
+            "policy/entropy": ent,
+            "policy/clipfrac": pg_stats["clipfrac"],
+            "policy/approx_kl": pg_stats["approx_kl"],
+            "value/clipfrac": vf_stats["clipfrac"],
+        }
         return loss, {k: float(v.detach()) for k, v in stats.items()}
 
     def train_epochs(self, rollout: Rollout, first_pass: tuple | None = None) -> dict:
@@ -175,12 +210,16 @@ class PPOTrainer:
             order = torch.randperm(B, generator=self.shuffle)
             reuse = epoch == 0 and first_pass is not None
             for start in range(0, B, mb_size):
-                mb_index = order[start: start + mb_size]
+                mb_index = order[start : start + mb_size]
                 mb_tokens = float(rollout.response_mask[mb_index].sum())
-                micro = [rollout.select(mb_index[i: i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)]
+                micro = [
+                    rollout.select(mb_index[i : i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)
+                ]
 
                 def loss_fn(mb: Rollout):
-                    outputs = tuple(o[mb_index.to(o.device)] for o in first_pass) if reuse else None  # rows in minibatch order
+                    outputs = (
+                        tuple(o[mb_index.to(o.device)] for o in first_pass) if reuse else None
+                    )  # rows in minibatch order
                     loss, stats = self.loss(mb, outputs)
                     share = float(mb.response_mask.sum()) / max(mb_tokens, 1.0)  # token share: exact accumulation
                     return loss * share, {k: v * share for k, v in stats.items()}
@@ -189,7 +228,9 @@ class PPOTrainer:
                 if not math.isfinite(stats["loss/total"]):
                     self.optimizer.zero_grad(set_to_none=True)
                     return {"non_finite": 1.0}
-                stats["grad_norm"] = updates.step(self.accelerator, self.actor_critic, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm)
+                stats["grad_norm"] = updates.step(
+                    self.accelerator, self.actor_critic, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm
+                )
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 n += 1
@@ -221,12 +262,15 @@ class PPOTrainer:
         self.bad_steps += 1
         self.session.logger.write(f"warning: non-finite {what}; this PPO update was skipped")
         if self.bad_steps >= MAX_BAD_UPDATES:
-            raise UserError(f"ppo: {MAX_BAD_UPDATES} non-finite updates in a row; stopping "
-                            "(try a lower --learning-rate, --reward-clip, or check the reward model)")
+            raise UserError(
+                f"ppo: {MAX_BAD_UPDATES} non-finite updates in a row; stopping "
+                "(try a lower --learning-rate, --reward-clip, or check the reward model)"
+            )
         return {}
 
     def refresh_reference(self) -> None:
-        """Copy the current policy into the frozen reference (an optional step of the loop: the KL then measures drift from a recent policy)."""
+        """Copy the current policy into the frozen reference (an optional step of the loop: the KL penalty then
+        measures the drift from a recent policy rather than from the start)."""
         self.ref_model.load_state_dict(self.policy.state_dict())
 
     # ---- checkpoints ---------------------------------------------------------------------------
@@ -237,9 +281,13 @@ class PPOTrainer:
         return models
 
     def state_dict(self, stream: IndexStream) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "kl_controller": self.kl_ctl.state_dict(), "stream": stream.state_dict(),
-                "shuffle": self.shuffle.get_state()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "kl_controller": self.kl_ctl.state_dict(),
+            "stream": stream.state_dict(),
+            "shuffle": self.shuffle.get_state(),
+        }
 
     def load_state_dict(self, state: dict, stream: IndexStream) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -283,11 +331,16 @@ def train(cfg: PPOConfig, scorer=None) -> dict:
     prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
 
     # 3. Session, trainer, resume.
-    steps = cfg.optim.max_steps if cfg.optim.max_steps > 0 else updates.total_steps(cfg.optim, len(examples), cfg.optim.batch_size)
+    steps = (
+        cfg.optim.max_steps
+        if cfg.optim.max_steps > 0
+        else updates.total_steps(cfg.optim, len(examples), cfg.optim.batch_size)
+    )
     session = open_session(cfg, cfg.run, steps, desc="ppo")
     if scorer is None:
-        scorer = RewardScorer.load(cfg.ppo.reward_model, session.device, cfg.model.trust_remote_code,
-                                   pack=cfg.packing.pack_sequences)
+        scorer = RewardScorer.load(
+            cfg.ppo.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
+        )
     if ref_model is not None:
         ref_model.to(session.device)
     trainer = PPOTrainer(cfg, actor_critic, ref_model, scorer, tokenizer, session)
@@ -318,7 +371,9 @@ def train(cfg: PPOConfig, scorer=None) -> dict:
         if cfg.ppo.ref_update_steps and step % cfg.ppo.ref_update_steps == 0:
             trainer.refresh_reference()
         if session.save_due(step, cfg.run):
-            session.save(step, trainer.checkpoint_models(), {**trainer.state_dict(stream), "monitor": monitor.state_dict()})
+            session.save(
+                step, trainer.checkpoint_models(), {**trainer.state_dict(stream), "monitor": monitor.state_dict()}
+            )
         session.logger.advance()
 
     # 5. Final policy in Hugging Face format; the value head stays in checkpoints/.

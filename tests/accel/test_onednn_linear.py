@@ -1,0 +1,132 @@
+"""fp32 CPU linear layers through oneDNN (rlhfkit/accel/kernels.py): the same products as the default path,
+forward and backward, with the row count padded to a bounded set of sizes; the default path wherever the
+oneDNN one does not apply."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from rlhfkit.accel import kernels
+from rlhfkit.accel.kernels import OneDNNLinear, fast_linears, linear_matmul, onednn_ready, padded_rows
+
+needs_onednn = pytest.mark.skipif(not kernels._onednn_available(), reason="this torch build has no oneDNN linear")
+
+
+@pytest.fixture
+def count_onednn_calls(monkeypatch):
+    """Route fp32 linears through oneDNN whatever the start-up speed check decided on this CPU, and count calls."""
+    monkeypatch.setattr(kernels, "_ONEDNN", True)
+    calls = []
+    original = kernels._OneDNNMatmul.apply
+    monkeypatch.setattr(kernels._OneDNNMatmul, "apply", lambda *a: calls.append(a[0].shape) or original(*a))
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
+    return calls
+
+
+def test_padded_rows_are_a_bounded_set_of_sizes_at_most_an_eighth_larger():
+    for m in range(1, 5000):
+        p = padded_rows(m)
+        assert m <= p <= max(m + 7, m * 9 // 8)
+    assert len({padded_rows(m) for m in range(1025, 2049)}) == 8  # 8 sizes per power of two
+    assert padded_rows(704) == 704 and padded_rows(650) == 704
+
+
+@needs_onednn
+@pytest.mark.parametrize("layer", ["linear", "linear-no-bias", "conv1d"])
+@pytest.mark.parametrize("shape", [(37, 24), (3, 50, 24)])  # rows not a padded size; 2-D and 3-D input
+def test_swapped_layer_equals_the_default_forward_and_backward(count_onednn_calls, layer, shape):
+    torch.manual_seed(0)
+    plain = {"linear": nn.Linear(24, 40), "linear-no-bias": nn.Linear(24, 40, bias=False), "conv1d": Conv1D(40, 24)}[
+        layer
+    ]
+    if layer == "conv1d":
+        nn.init.normal_(plain.bias)
+    ours = copy.deepcopy(plain)
+    assert fast_linears(ours) == 1
+    x = torch.randn(*shape, dtype=torch.float32)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = plain(xa), ours(xb)
+    assert count_onednn_calls, "the oneDNN path was not taken"
+    assert b.shape == a.shape and torch.allclose(b, a, atol=1e-5, rtol=1e-5)
+    weights = torch.randn_like(a)
+    (a * weights).sum().backward()
+    (b * weights).sum().backward()
+    assert torch.allclose(xb.grad, xa.grad, atol=1e-5, rtol=1e-5)
+    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
+        assert torch.allclose(q.grad, p.grad, atol=1e-4, rtol=1e-5), name
+    assert list(ours.state_dict()) == list(plain.state_dict())
+
+
+@needs_onednn
+def test_default_path_under_autocast_other_dtypes_and_small_products(count_onednn_calls, monkeypatch):
+    layer = OneDNNLinear(24, 40)
+    x = torch.randn(37, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x).dtype == torch.bfloat16  # autocast's bf16 matmul, not ours
+    assert layer.double()(x.double()).dtype == torch.float64
+    assert not count_onednn_calls
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 10**9)
+    assert linear_matmul(x, torch.randn(24, 40), None) is None  # too small to pay for a oneDNN call
+
+
+def test_switch_off_by_environment(monkeypatch, tiny_model_dir):
+    from rlhfkit.accel import enabled, prepare_model
+    from rlhfkit.models.loading import load_causal_lm
+
+    monkeypatch.setenv("RLHFKIT_ACCEL", "0")
+    assert not enabled()
+    assert prepare_model(nn.Sequential(nn.Linear(4, 4))) == {"fused_gelu": 0, "onednn_linear": 0}
+    model = load_causal_lm(str(tiny_model_dir))
+    assert any(type(m) is Conv1D for m in model.modules()), (
+        "the switch leaves loaded models as transformers builds them"
+    )
+
+
+@needs_onednn
+def test_loaded_model_uses_it_and_matches_the_plain_model(tiny_model_dir, count_onednn_calls):
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.models.loading import load_causal_lm
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ours = load_causal_lm(str(tiny_model_dir))
+    assert not any(type(m) in (nn.Linear, Conv1D) for m in ours.modules())
+    ids = torch.randint(0, plain.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
+    a, b = plain(input_ids=ids).logits, ours(input_ids=ids).logits
+    assert count_onednn_calls
+    assert torch.allclose(a, b, atol=1e-5)
+    a.logsumexp(-1).mean().backward()
+    b.logsumexp(-1).mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+@needs_onednn
+def test_backward_keeps_the_unpadded_input_not_a_padded_copy(count_onednn_calls):
+    layer = OneDNNLinear(24, 40)
+    x = torch.randn(37, 24, requires_grad=True)  # 37 rows run as padded_rows(37) = 40
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = layer(x)
+    assert count_onednn_calls and padded_rows(37) == 40
+    rows = sorted(t.shape[0] for t in saved if t.ndim == 2 and t.shape[1] == 24)
+    assert rows == [37], "the input held for backward should be the 37 real rows"
+    y.sum().backward()
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(37, 24), atol=1e-5)
+
+
+def test_self_check_decides_once_and_keeps_the_default_path_when_onednn_is_not_faster(monkeypatch):
+    monkeypatch.setattr(kernels, "_ONEDNN", None)
+    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 1e9)  # no kernel can be that much faster
+    assert onednn_ready() is False
+    model = nn.Sequential(nn.Linear(24, 40))
+    from rlhfkit.accel import prepare_model
+
+    assert prepare_model(model)["onednn_linear"] == 0 and type(model[0]) is nn.Linear
+    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 0.0)  # decided already: not checked again
+    assert onednn_ready() is False

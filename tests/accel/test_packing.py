@@ -1,0 +1,320 @@
+"""Sequence packing (rlhfkit/models/packing.py): the packed forward must give the padded forward's outputs and
+gradients on every real token, for each architecture it is enabled for and both attention kernels."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from rlhfkit.accel import packing
+from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
+from rlhfkit.models.forward import response_logprobs
+from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel
+
+from ..models.test_architectures import make_config
+
+VOCAB, EOS, PAD = 96, 0, 1
+
+
+def ragged_batch(seed: int, rows: int = 7):
+    """[left-padded prompt | right-padded response] ids and mask, lengths all different."""
+    rng = random.Random(seed)
+    prompts = [rng.randint(1, 9) for _ in range(rows)]
+    responses = [rng.randint(1, 12) for _ in range(rows)]
+    P, T = max(prompts), max(responses)
+    ids = torch.full((rows, P + T), PAD)
+    mask = torch.zeros(rows, P + T, dtype=torch.long)
+    for i, (p, t) in enumerate(zip(prompts, responses)):
+        ids[i, P - p : P + t] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(p + t)])
+        mask[i, P - p : P + t] = 1
+    return ids, mask, T
+
+
+def causal_lm(arch: str, attn: str):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(make_config(arch, VOCAB, EOS), attn_implementation=attn).eval()
+
+
+@pytest.fixture
+def always_pack(monkeypatch):
+    """Make attention look free to the planner, so it packs as many sequences per row as fit."""
+    monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)
+
+
+def padded_then_packed(model, run) -> list[tuple[torch.Tensor, dict]]:
+    """``run(pack_sequences)`` -> output ``[N]`` (or a scalar); each way, backpropagate a fixed weighting of it and
+    return (output, gradient of every weight): ``[padded, packed]``."""
+    results = []
+    for pack_sequences in (False, True):
+        model.zero_grad()
+        out = run(pack_sequences)
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        results.append((out.detach(), {n: w.grad.clone() for n, w in model.named_parameters() if w.grad is not None}))
+    return results
+
+
+def assert_same_gradients(results) -> None:
+    (_, padded), (_, packed) = results
+    for name, g in padded.items():
+        assert torch.allclose(g, packed[name], atol=2e-5, rtol=1e-4), name
+
+
+def test_plan_places_every_sequence_once_and_saves_positions():
+    rng = random.Random(0)
+    for _ in range(50):
+        lengths = [rng.randint(3, 50) for _ in range(rng.randint(2, 40))]
+        rows = plan_rows(lengths, 60, hidden_size=384)
+        if rows is None:
+            continue
+        assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+        width = max(sum(lengths[i] for i in row) for row in rows)
+        assert len(rows) * width < len(lengths) * 60  # fewer positions than the padded batch
+    assert plan_rows([20] * 16, 20, hidden_size=384) is None  # no padding: nothing to gain
+    rows = plan_rows([48, 10, 40, 12, 45, 6, 30, 20], 50, hidden_size=384)
+    assert rows is not None and len(rows) < 8
+
+
+def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
+    """fp32 rows are as wide as their longest load (no wasted positions); in 16-bit compute (autocast or
+    16-bit weights) they are rounded up to ROW_MULTIPLE, so a run meets only a few distinct shapes."""
+    ids, mask, _ = ragged_batch(3, rows=9)
+    policy = causal_lm("gpt2", "sdpa")
+
+    def widths(model):
+        p = pack_batch(model, ids, mask, PAD)
+        loads = torch.zeros(p.input_ids.numel(), dtype=torch.long)
+        loads[p.index[mask.bool()]] = 1
+        return p.input_ids.shape[1], int(loads.view(p.input_ids.shape).sum(1).max())
+
+    width, longest = widths(policy)
+    assert width == longest and width % packing.ROW_MULTIPLE != 0  # this batch's longest load is not a multiple of 8
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        width16, longest16 = widths(policy)
+    assert width16 % packing.ROW_MULTIPLE == 0 and longest16 <= width16 < longest16 + packing.ROW_MULTIPLE
+    assert widths(policy.to(torch.bfloat16))[0] % packing.ROW_MULTIPLE == 0
+
+
+def test_packed_rows_keep_sequences_apart(always_pack):
+    ids, mask, T = ragged_batch(1)
+    packed = pack_batch(causal_lm("gpt2", "sdpa"), ids, mask, PAD)
+    assert packed.input_ids.shape[0] < ids.shape[0]  # several sequences share rows
+    real = packed.index[mask.bool()]
+    assert len(set(real.tolist())) == int(mask.sum())  # each real token has its own packed position
+    assert torch.equal(packed.input_ids.flatten()[real], ids[mask.bool()])
+    assert torch.equal(packed.position_ids.flatten()[real], (mask.cumsum(1) - 1)[mask.bool()])
+    # A token may attend to an earlier token exactly when both belong to the same sequence.
+    owner = torch.full((packed.input_ids.numel(),), -1)
+    owner[real] = torch.arange(len(mask)).repeat_interleave(mask.sum(1))
+    allowed = packed.allowed[:, 0]
+    for r in range(allowed.shape[0]):
+        o = owner.view(packed.input_ids.shape)[r]
+        same = (o[:, None] == o[None, :]) & (o[:, None] >= 0)
+        assert torch.equal(allowed[r] & (o[:, None] >= 0), same & torch.ones_like(same).tril())
+
+
+def test_packed_sequences_do_not_see_each_other(always_pack):
+    """Changing every token of one sequence leaves the packed outputs of all the others unchanged, for
+    each sequence in turn (whatever its place in its row)."""
+    policy = causal_lm("llama", "sdpa")
+    ids, mask, T = ragged_batch(6)
+    real = mask.bool()
+
+    def real_logits(x):
+        p = pack_batch(policy, x, mask, PAD)
+        assert p.input_ids.shape[0] < x.shape[0]
+        flat = policy(**p.model_inputs(policy)).logits
+        return flat.reshape(-1, VOCAB)[p.index[real]]  # [N, V] real tokens, sequence by sequence
+
+    base = real_logits(ids)
+    owner = torch.arange(len(mask)).repeat_interleave(mask.sum(1))  # [N] sequence of each real token
+    for b in range(len(mask)):
+        changed = ids.clone()
+        changed[b][real[b]] = (changed[b][real[b]] + 7) % (VOCAB - 2) + 2
+        out = real_logits(changed)
+        assert torch.equal(out[owner != b], base[owner != b]), b  # bit for bit: nothing crosses sequences
+        assert not torch.allclose(out[owner == b], base[owner == b])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "gpt_neox"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_forward_equals_padded_forward(always_pack, arch, attn):
+    """Log-probs, values (value head on the policy) and entropies, and the gradients of all weights."""
+    policy = causal_lm(arch, attn)
+    assert can_pack(policy)
+    ac = ActorCritic(policy)
+    torch.nn.init.normal_(ac.value_head.linear.weight, std=0.1)  # a value head that is not all zeros
+    ids, mask, T = ragged_batch(2)
+    packed = pack_batch(policy, ids, mask, PAD)
+    assert packed.input_ids.numel() < ids.numel()
+    response_mask = mask[:, -T:].float()
+    outputs, grads = [], []
+    for p in (None, packed):
+        ac.zero_grad()
+        out = ac(ids, mask, T, 0.7, True, packed=p)
+        sum(((o * response_mask) * torch.linspace(0.5, 1.5, T)).sum() for o in out).backward()
+        outputs.append([o * response_mask for o in out])
+        grads.append({n: w.grad.clone() for n, w in ac.named_parameters() if w.grad is not None})
+    for padded, packed_out in zip(*outputs):
+        assert torch.allclose(padded, packed_out, atol=2e-5), float((padded - packed_out).abs().max())
+    assert grads[0].keys() == grads[1].keys()
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+    ref = [response_logprobs(policy, ids, mask, T, 0.7, packed=p) * response_mask for p in (None, packed)]
+    assert torch.allclose(ref[0], ref[1], atol=2e-5)
+
+
+def test_packed_separate_value_model(always_pack):
+    from transformers import AutoModelForSequenceClassification
+
+    config = make_config("gpt2", VOCAB, EOS)
+    config.num_labels, config.pad_token_id = 1, PAD
+    torch.manual_seed(1)
+    value = SeparateValueModel(AutoModelForSequenceClassification.from_config(config).eval())
+    ids, mask, T = ragged_batch(3)
+    packed = pack_batch(value.backbone, ids, mask, PAD)
+    m = mask[:, -T:].float()
+    assert torch.allclose(value(ids, mask, T) * m, value(ids, mask, T, packed) * m, atol=2e-5)
+
+
+def test_packing_is_off_where_it_could_change_results():
+    assert not can_pack(_bloom())  # ALiBi biases come from the 2-D mask: not in the allow-list
+    qwen = causal_lm("qwen2", "sdpa")
+    qwen.config.use_sliding_window, qwen.config.sliding_window = True, 4
+    ids, mask, _ = ragged_batch(4)
+    assert pack_batch(qwen, ids, mask, PAD) is None  # a sequence longer than the window would lose the window
+
+
+def _bloom():
+    from transformers import AutoModelForCausalLM, BloomConfig
+
+    return AutoModelForCausalLM.from_config(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
+    """A decoder reward model read at each row's last real token (right-padded rows, as RM training and
+    scoring batch them): same scores and same gradients packed or padded."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlhfkit.data.collate import SequenceBatch
+    from rlhfkit.models.reward import sequence_scores
+
+    config = make_config(arch, VOCAB, EOS)
+    config.num_labels, config.pad_token_id = 1, PAD
+    torch.manual_seed(2)
+    rm = AutoModelForSequenceClassification.from_config(config).eval()
+    rng = random.Random(5)
+    lengths = [rng.randint(2, 20) for _ in range(9)]
+    ids = torch.full((9, max(lengths)), PAD)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(n)])
+        mask[i, :n] = 1
+    batch = SequenceBatch(ids, mask, mask)
+    assert pack_batch(rm, ids, mask, PAD).input_ids.shape[0] < 9
+    results = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
+    assert torch.allclose(results[0][0], results[1][0], atol=2e-5)
+    assert_same_gradients(results)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
+    """DPO's log pi(y|x) of right-padded prompt + response rows: same sums and gradients packed or padded."""
+    from rlhfkit.data.collate import SequenceBatch
+    from rlhfkit.models.forward import sequence_logprobs
+
+    policy = causal_lm(arch, "sdpa")
+    rng = random.Random(7)
+    rows = [(rng.randint(1, 8), rng.randint(1, 12)) for _ in range(8)]  # (prompt, response) lengths
+    L = max(p + r for p, r in rows)
+    ids, mask, response = (
+        torch.full((8, L), PAD),
+        torch.zeros(8, L, dtype=torch.long),
+        torch.zeros(8, L, dtype=torch.long),
+    )
+    for i, (p, r) in enumerate(rows):
+        ids[i, : p + r] = torch.tensor([rng.randrange(2, VOCAB) for _ in range(p + r)])
+        mask[i, : p + r] = 1
+        response[i, p : p + r] = 1
+    batch = SequenceBatch(ids, mask, response)
+    assert pack_batch(policy, ids, mask, PAD).input_ids.shape[0] < 8
+    results = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
+    assert torch.allclose(results[0][0], results[1][0], atol=5e-5)
+    assert_same_gradients(results)
+
+
+def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsys, tiny_model_dir):
+    """SFT's summed token loss (labels on completion tokens only): same value and gradients packed or padded,
+    and `rlhfkit sft` hands --pack-sequences to every training pass."""
+    from rlhfkit.data.collate import collate_sft
+    from rlhfkit.trainers import sft
+
+    policy = causal_lm("llama", "sdpa")
+    rng = random.Random(9)
+    items = []
+    for _ in range(8):
+        p, c = rng.randint(1, 8), rng.randint(1, 12)
+        ids = [rng.randrange(2, VOCAB) for _ in range(p + c)]
+        items.append((ids, [-100] * p + ids[p:]))
+    batch = collate_sft(items, PAD)
+    assert pack_batch(policy, batch["input_ids"], batch["attention_mask"], PAD).input_ids.shape[0] < 8
+    counts = {}
+
+    def loss(pack_sequences: bool) -> torch.Tensor:
+        total, counts[pack_sequences] = sft.token_loss_sum(policy, batch, pack_sequences)
+        return total
+
+    results = padded_then_packed(policy, loss)
+    assert counts[False] == counts[True] and float(results[0][0]) == pytest.approx(float(results[1][0]), rel=1e-5)
+    assert_same_gradients(results)
+    # Wiring: two short runs, the option on (default) and off, reach every training and eval pass.
+    from ..helpers import run_cli, sft_args, sft_rows, write_jsonl
+
+    seen = []
+    real = sft.token_loss_sum
+    monkeypatch.setattr(
+        sft, "token_loss_sum", lambda m, b, pack_sequences: seen.append(pack_sequences) or real(m, b, pack_sequences)
+    )
+    data = write_jsonl(tmp_path / "d.jsonl", sft_rows(16))
+    for flag in ("true", "false"):
+        seen.clear()
+        code, _, _ = run_cli(
+            capsys,
+            *sft_args(
+                tiny_model_dir,
+                data,
+                tmp_path / flag,
+                max_steps=2,
+                batch_size=4,
+                eval_data=data,
+                eval_steps=2,
+                pack_sequences=flag,
+            ),
+        )
+        assert code == 0 and len(seen) >= 6 and set(seen) == {flag == "true"}
+
+
+def test_packed_forward_through_lora_adapters(always_pack):
+    """The one-backbone LoRA mode: the PEFT-wrapped policy, and its reference (adapters off), packed or padded."""
+    from rlhfkit.config.parts import LoraArgs
+    from rlhfkit.models.lora import adapters_off, apply_lora
+
+    policy = apply_lora(causal_lm("gpt2", "sdpa"), LoraArgs(lora_r=4))
+    for name, w in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(w, std=0.05)  # adapters that change the outputs
+    assert can_pack(policy)
+    ids, mask, T = ragged_batch(8)
+    packed = pack_batch(policy, ids, mask, PAD)
+    m = mask[:, -T:].float()
+    packed_lp = {}
+    for adapters in (True, False):
+        with adapters_off(policy) if not adapters else torch.enable_grad():
+            padded = response_logprobs(policy, ids, mask, T) * m
+            packed_lp[adapters] = response_logprobs(policy, ids, mask, T, packed=packed) * m
+        assert torch.allclose(padded, packed_lp[adapters], atol=2e-5), adapters
+    assert not torch.allclose(packed_lp[True], packed_lp[False], atol=1e-3)  # the adapters do change the policy

@@ -1,0 +1,72 @@
+"""Helpers shared by the tests: data files, running the CLI in-process, reading outputs."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from rlhfkit.cli.main import main
+
+NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+ITEMS = ["apple", "book", "car", "door", "egg", "fish", "glass", "hat", "lamp", "map"]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def sft_rows(n: int = 48, seed: int = 0) -> list[dict]:
+    """Prompt/completion rows of varied lengths with a learnable pattern (the name repeats in the answer)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        filler = " please" * rng.randint(0, 4)
+        rows.append(
+            {
+                "prompt": f"Question: what does {name} want{filler}? Answer:",
+                "completion": f" {name} wants the {item} today." + " ok" * rng.randint(0, 3),
+            }
+        )
+    return rows
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """``rlhfkit ARGS`` in this process; returns (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def sft_args(model, data, out, **flags) -> list[str]:
+    args = ["sft", "--model", model, "--data", data, "--output-dir", out, "--progress", "false"]
+    for key, value in flags.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return [str(a) for a in args]
+
+
+def metrics(out_dir: Path) -> list[dict]:
+    return read_jsonl(Path(out_dir) / "metrics.jsonl")
+
+
+def weights(model_dir: Path) -> dict:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    assert files, f"no safetensors in {model_dir}"
+    out = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def max_weight_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

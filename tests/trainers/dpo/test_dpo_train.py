@@ -1,0 +1,176 @@
+"""`rlhfkit dpo` end to end on the tiny yes/no preference task (see conftest.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit.cli.main import main
+from rlhfkit.trainers import dpo
+from rlhfkit.training.session import Session
+
+from .dpo_task import HELD_OUT_ITEMS, read_metrics, reply_rates
+
+SPEC_METRICS = {"loss", "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy"}
+
+
+def weights(output_dir) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(output_dir) / "model.safetensors"))
+
+
+def test_dpo_learns_the_preference_and_shifts_samples(task, dpo_config):
+    yes_before, no_before = reply_rates(task.base, HELD_OUT_ITEMS)
+    cfg = dpo_config(
+        "run",
+        "--eval-data",
+        task.prefs_eval,
+        "--max-steps",
+        "30",
+        "--batch-size",
+        "8",
+        "--learning-rate",
+        "1e-3",
+        "--beta",
+        "0.1",
+        "--eval-steps",
+        "15",
+    )
+    dpo.train(cfg)
+    rows = read_metrics(cfg.run.output_dir)
+    first, last = rows[0], rows[-1]
+    assert SPEC_METRICS | {"logps/chosen", "logps/rejected"} <= set(first)
+    assert {f"eval/{k}" for k in SPEC_METRICS} <= set(last)
+    # Step 1: the policy is the reference, so the implicit rewards are exactly 0 and the loss is log 2.
+    assert first["rewards/chosen"] == 0 and first["rewards/rejected"] == 0
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert [r["step"] for r in rows if "eval/loss" in r] == [15, 30]
+    # Held-out pairs (items never in the preference data): the implicit reward ranks them right.
+    assert last["eval/rewards/accuracy"] > 0.8
+    assert last["eval/rewards/margin"] > 1.0
+    assert last["eval/loss"] < 0.4
+    # Fresh samples on held-out prompts: from about half "yes" to nearly all, and "no" nearly gone.
+    yes_after, no_after = reply_rates(cfg.run.output_dir, HELD_OUT_ITEMS)
+    assert 0.2 < yes_before < 0.8 and 0.2 < no_before < 0.8
+    assert yes_after > 0.9 and no_after < 0.1
+    assert (Path(cfg.run.output_dir) / "config.yaml").is_file() and any(
+        Path(cfg.run.output_dir, "tensorboard").iterdir()
+    )
+
+
+def test_resume_ends_with_the_same_weights(dpo_config, monkeypatch):
+    full = dpo_config("full", "--save-steps", "3")
+    dpo.train(full)
+
+    killed = dpo_config("killed", "--save-steps", "3")
+    real_save = Session.save
+
+    def save_then_die(self, step, models, state):
+        real_save(self, step, models, state)
+        raise KeyboardInterrupt("killed after the step-3 checkpoint")
+
+    monkeypatch.setattr(Session, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        dpo.train(killed)
+    monkeypatch.setattr(Session, "save", real_save)
+    assert not (Path(killed.run.output_dir) / "model.safetensors").exists()
+    killed.run.resume = True
+    dpo.train(killed)
+
+    a, b = weights(full.run.output_dir), weights(killed.run.output_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    assert [r["loss"] for r in read_metrics(full.run.output_dir)] == [
+        r["loss"] for r in read_metrics(killed.run.output_dir)
+    ]
+
+
+def test_precomputed_reference_gives_the_same_loss_curve(dpo_config):
+    live = dpo_config("live")
+    pre = dpo_config("pre", "--precompute-ref", "true")
+    dpo.train(live)
+    dpo.train(pre)
+    a, b = read_metrics(live.run.output_dir), read_metrics(pre.run.output_dir)
+    assert len(a) == len(b) == 6
+    assert a[-1]["loss"] < a[0]["loss"] - 0.1  # the curve moves, so the comparison means something
+    for ra, rb in zip(a, b):
+        for key in ("loss", "rewards/chosen", "rewards/rejected"):
+            assert ra[key] == pytest.approx(rb[key], abs=1e-5), (ra["step"], key)
+
+
+def test_gradient_accumulation_matches_one_big_batch(dpo_config):
+    big = dpo_config("big", "--max-steps", "4")
+    accumulated = dpo_config("acc", "--max-steps", "4", "--batch-size", "2", "--gradient-accumulation-steps", "2")
+    dpo.train(big)
+    dpo.train(accumulated)
+    for ra, rb in zip(read_metrics(big.run.output_dir), read_metrics(accumulated.run.output_dir)):
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-5)
+        assert ra["grad_norm"] == pytest.approx(rb["grad_norm"], rel=1e-4)
+
+
+def test_lora_trains_adapters_against_the_base_model(task, dpo_config):
+    cfg = dpo_config(
+        "lora", "--lora-r", "4", "--learning-rate", "2e-2", "--max-steps", "10", "--eval-data", task.prefs_eval
+    )
+    dpo.train(cfg)
+    rows = read_metrics(cfg.run.output_dir)
+    # LoRA starts as the identity (B = 0), so step 1's reference (adapters off) equals the policy.
+    assert rows[0]["rewards/chosen"] == 0 and rows[0]["rewards/rejected"] == 0
+    assert rows[-1]["loss"] < 0.5 and rows[-1]["eval/rewards/accuracy"] > 0.8
+    out = Path(cfg.run.output_dir)
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    merged, base = weights(out), load_file(str(Path(task.base) / "model.safetensors"))
+    assert merged.keys() == base.keys()  # the root holds a plain merged model
+    assert any(not torch.equal(merged[k], base[k]) for k in base)
+
+
+@pytest.mark.parametrize(
+    "flags, first_loss",
+    [
+        (("--loss-type", "ipo", "--beta", "0.5"), (1 / (2 * 0.5)) ** 2),  # h = 0 at step 1: (0 - 1/(2 beta))^2
+        (
+            (
+                "--label-smoothing",
+                "0.2",
+            ),
+            math.log(2),
+        ),  # h = 0: -(0.8 + 0.2) log sigma(0)
+    ],
+)
+def test_ipo_and_label_smoothing_train(dpo_config, flags, first_loss):
+    cfg = dpo_config("run", *flags)
+    dpo.train(cfg)
+    losses = [r["loss"] for r in read_metrics(cfg.run.output_dir)]
+    assert losses[0] == pytest.approx(first_loss, abs=1e-6)
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.1
+
+
+def test_cli_rejects_sft_rows_with_one_line(task, tmp_path, capsys):
+    code = main(["dpo", "--model", task.base, "--data", task.sft, "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith("error: ") and task.sft in err and "'chosen' and 'rejected'" in err and "\n" not in err
+
+
+def test_cli_rejects_label_smoothing_with_ipo(task, tmp_path, capsys):
+    code = main(
+        [
+            "dpo",
+            "--model",
+            task.base,
+            "--data",
+            task.prefs_train,
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--loss-type",
+            "ipo",
+            "--label-smoothing",
+            "0.1",
+        ]
+    )
+    assert code == 1 and "--label-smoothing" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

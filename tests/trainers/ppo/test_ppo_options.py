@@ -1,0 +1,177 @@
+"""PPO options beyond the default path: reference refresh, separate value model, non-finite rewards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.errors import UserError
+from rlhfkit.trainers.ppo import train
+
+from .conftest import ScoreOut, ThanksScorer, parse, read_metrics
+from .test_ppo_resume import make_reward_model
+
+BASE = (
+    "--reward-model none --batch-size 8 --max-new-tokens 6 --progress false --normalize-reward false "
+    "--learning-rate 1e-3"
+)
+
+
+def test_reference_refresh_resets_kl(thanks_task, tmp_path):
+    model, prompts = thanks_task
+    train(
+        parse(
+            "ppo", f"--model {model} --data {prompts} --output-dir {tmp_path} --max-steps 4 --ref-update-steps 2 {BASE}"
+        ),
+        scorer=ThanksScorer(),
+    )
+    kl = {r["step"]: r["kl/ref"] for r in read_metrics(tmp_path)}
+    # after the refresh at step 2 the policy that samples step 3 *is* the reference
+    assert kl[1] == 0.0 and kl[3] == 0.0
+    assert kl[2] != 0.0 and kl[4] != 0.0
+
+
+def test_separate_value_model_from_reward_model(thanks_task, tmp_path):
+    model, prompts = thanks_task
+    rm = make_reward_model(model, tmp_path / "rm")
+    train(
+        parse(
+            "ppo",
+            f"--model {model} --data {prompts} --output-dir {tmp_path}/run --max-steps 3 --value-model {rm} {BASE}",
+        ),
+        scorer=ThanksScorer(),
+    )
+    rows = read_metrics(tmp_path / "run")
+    # the value model starts from the RM's head, so values are non-zero from the first step
+    assert rows[0]["value/mean"] != 0.0
+    assert all(r["loss/value"] > 0 for r in rows)
+
+
+class NaNScorer(ThanksScorer):
+    def score(self, prompts, responses, batch_size=32, finished=None):
+        return ScoreOut(torch.full((len(responses),), float("nan")))
+
+
+def test_non_finite_rewards_skip_then_stop(thanks_task, tmp_path, capsys):
+    model, prompts = thanks_task
+    cfg = parse(
+        "ppo",
+        f"--model {model} --data {prompts} --output-dir {tmp_path} --max-steps 5 --save-steps 1 "
+        f"--reward-clip none {BASE}",
+    )
+    with pytest.raises(UserError, match="non-finite"):
+        train(cfg, scorer=NaNScorer())
+    assert "skipped" in capsys.readouterr().err
+    # skipped updates leave the weights as they were: whatever was checkpointed is finite
+    from safetensors.torch import load_file
+
+    for ckpt in (tmp_path / "checkpoints").glob("step-*"):
+        assert all(torch.isfinite(t).all() for t in load_file(ckpt / "actor_critic.safetensors").values())
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    from rlhfkit.training.checkpoint import Checkpointer
+
+    layer = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        layer.weight[0, 0] = float("inf")
+    with pytest.raises(FloatingPointError):
+        Checkpointer(tmp_path).save(1, {"model": layer}, {})
+    assert Checkpointer(tmp_path).latest() is None
+
+
+def test_reusing_the_first_epochs_forward_changes_nothing(thanks_task, tmp_path, monkeypatch):
+    """One minibatch: epoch 1's forward doubles as the rollout's old-log-prob/value pass. Turning that
+    off (a separate no-grad pass, as with several minibatches) must give the same update."""
+    from safetensors.torch import load_file
+
+    from rlhfkit.trainers.ppo.policy import ActorCritic
+    from rlhfkit.trainers.ppo.trainer import PPOTrainer
+
+    model, prompts = thanks_task
+    args = f"--model {model} --data {prompts} --max-steps 1 --ppo-epochs 2 {BASE}"
+    calls = []
+    forward = ActorCritic.forward
+    monkeypatch.setattr(ActorCritic, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
+    results = []
+    for reuse in (True, False):
+        if not reuse:
+            monkeypatch.setattr(PPOTrainer, "reuses_first_pass", property(lambda self: False))
+        out = tmp_path / f"reuse-{reuse}"
+        calls.clear()
+        torch.manual_seed(0)
+        metrics = train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())
+        results.append((metrics, load_file(out / "model.safetensors")))
+        assert len(calls) == (2 if reuse else 3)  # rollout pass + 2 epochs, the first shared when reused
+    (m_reuse, w_reuse), (m_plain, w_plain) = results
+    for key in ("loss/policy", "loss/value", "policy/clipfrac", "kl/ref", "reward/score"):
+        assert m_reuse[key] == pytest.approx(m_plain[key], abs=1e-5), key
+    start = load_file(model / "model.safetensors")
+    moved = max(float((w_reuse[k] - start[k]).abs().max()) for k in w_reuse)
+    apart = max(float((w_reuse[k] - w_plain[k]).abs().max()) for k in w_reuse)
+    # Adam's first steps are ~lr*sign(g): where a gradient is ~1e-10 (< eps) float noise alone moves the
+    # weight by up to ~lr*g/eps, so the weights agree to a small fraction of the update, not to 1e-7.
+    assert moved > 1e-3 and apart < 0.02 * moved
+
+
+class FinishedRecorder(ThanksScorer):
+    def __init__(self):
+        self.finished = []
+
+    def score(self, prompts, responses, batch_size=32, finished=None):
+        self.finished += finished
+        return super().score(prompts, responses)
+
+
+def test_cut_off_responses_reach_the_scorer_as_unfinished(thanks_task, tmp_path):
+    model, prompts = thanks_task
+    flags = {}
+    for n in (2, 16):  # the task's replies are ~5 tokens + EOS: all cut at 2, nearly all finished at 16
+        scorer = FinishedRecorder()
+        train(
+            parse(
+                "ppo",
+                f"--model {model} --data {prompts} --output-dir {tmp_path}/n{n} --max-steps 1 "
+                f"{BASE.replace('--max-new-tokens 6', f'--max-new-tokens {n}')}",
+            ),
+            scorer=scorer,
+        )
+        flags[n] = scorer.finished
+    assert len(flags[2]) == 8 and not any(flags[2])
+    assert sum(flags[16]) >= 6
+
+
+@pytest.mark.parametrize("value", ["head", "separate"])
+def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypatch, value):
+    """--pack-sequences runs every teacher-forced pass (old log-probs and values, reference, PPO epochs)
+    on packed rows; two steps with and without it must log the same metrics and reach the same weights."""
+    from safetensors.torch import load_file
+
+    from rlhfkit.accel import packing
+
+    monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)  # attention looks free: pack as tightly as possible
+    packed_calls = []
+    pack_batch = packing.pack_batch
+    monkeypatch.setattr(
+        "rlhfkit.trainers.ppo.trainer.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1]
+    )
+    model, prompts = thanks_task
+    extra = f"--value-model {make_reward_model(model, tmp_path / 'rm')}" if value == "separate" else ""
+    args = f"--model {model} --data {prompts} --max-steps 2 --ppo-epochs 2 --num-minibatches 2 {extra} {BASE}"
+    results = []
+    for packs in ("true", "false"):
+        out = tmp_path / f"pack-{packs}"
+        torch.manual_seed(0)
+        train(parse("ppo", f"{args} --pack-sequences {packs} --output-dir {out}"), scorer=ThanksScorer())
+        results.append((read_metrics(out), load_file(out / "model.safetensors")))
+    # per step: one packing for the rollout (shared by the reference pass) + one per minibatch (2 epochs x 2)
+    assert len(packed_calls) == 2 * (1 + 4) and sum(p is not None for p in packed_calls) > 5
+    assert len(packed_calls[0].input_ids) < 8  # the rollout's 8 sequences share rows
+    (rows_packed, w_packed), (rows_padded, w_padded) = results
+    for a, b in zip(rows_packed, rows_padded):
+        for key in ("loss/policy", "loss/value", "policy/clipfrac", "kl/ref", "reward/score", "value/mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), key
+    start = load_file(model / "model.safetensors")
+    moved = max(float((w_packed[k] - start[k]).abs().max()) for k in w_packed)
+    apart = max(float((w_packed[k] - w_padded[k]).abs().max()) for k in w_packed)
+    assert moved > 1e-3 and apart < 0.05 * moved  # float-rounding apart (see the reuse test above), over 8 updates

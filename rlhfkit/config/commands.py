@@ -249,6 +249,10 @@ class IOArgs:
     max_prompt_length: int = options.max_prompt_length()
 
 
+def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:
+    _positive(batch_size=io.batch_size, temperature=generation.temperature, max_new_tokens=generation.max_new_tokens)
+
+
 @dataclass
 class GenerateConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output")
@@ -257,11 +261,7 @@ class GenerateConfig:
     generation: GenerationArgs = field(default_factory=GenerationArgs)
 
     def check(self) -> None:
-        _positive(
-            batch_size=self.io.batch_size,
-            temperature=self.generation.temperature,
-            max_new_tokens=self.generation.max_new_tokens,
-        )
+        _check_sampling(self.io, self.generation)
 
 
 @dataclass
@@ -302,11 +302,7 @@ class EvalConfig:
     generation: GenerationArgs = field(default_factory=GenerationArgs)
 
     def check(self) -> None:
-        _positive(
-            batch_size=self.io.batch_size,
-            temperature=self.generation.temperature,
-            max_new_tokens=self.generation.max_new_tokens,
-        )
+        _check_sampling(self.io, self.generation)
         _at_least(0, num_prompts=self.eval.num_prompts)
 
 

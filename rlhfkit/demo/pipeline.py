@@ -13,6 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from rlhfkit.config.commands import DemoConfig
+
 console = Console(stderr=True)
 
 # Stage settings, tuned for a ~0.25M-parameter GPT-2 on 2 CPU cores (see README "The demo").
@@ -62,7 +64,7 @@ class Stages:
         return result
 
 
-def run(cfg) -> dict:
+def run(cfg: DemoConfig) -> dict:
     import torch
 
     from rlhfkit.config.parts import GenerationArgs

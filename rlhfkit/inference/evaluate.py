@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.config.commands import EvalConfig
 from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
@@ -91,7 +92,7 @@ def evaluate_policy(
     return metrics, rows
 
 
-def run(cfg) -> dict:
+def run(cfg: EvalConfig) -> dict:
     examples = load_examples(cfg.io.data, "prompt", "rlhfkit eval")[: cfg.eval.num_prompts or None]
     judge = None
     if cfg.eval.gold_judge:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rlhfkit.config.commands import GenerateConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
@@ -18,7 +19,7 @@ from rlhfkit.models.sampling import decode, sample_responses
 from rlhfkit.training.runtime import pick_device, seed_everything
 
 
-def run(cfg) -> Path:
+def run(cfg: GenerateConfig) -> Path:
     """Entry point of `rlhfkit generate`; returns the output path."""
     # 1. Validate every prompt row before loading the model.
     examples = load_examples(cfg.io.data, "prompt", "rlhfkit generate")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlhfkit.config.commands import ScoreConfig
 from rlhfkit.data.readers import read_rows
 from rlhfkit.data.schema import to_example
 from rlhfkit.errors import UserError
@@ -16,7 +17,7 @@ from rlhfkit.models.reward import RewardScorer
 from rlhfkit.training.runtime import pick_device
 
 
-def run(cfg) -> Path:
+def run(cfg: ScoreConfig) -> Path:
     # 1. Validate every row before loading the model.
     rows = read_rows(cfg.io.data)
     examples = [to_example(row, "prompt_response", "rlhfkit score") for row in rows]

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlhfkit.config.commands import InitModelConfig
 from rlhfkit.errors import UserError
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
@@ -126,7 +127,7 @@ def build_model(arch: str, size: str, tokenizer, seed: int):
     return AutoModelForCausalLM.from_config(model_config(arch, size, tokenizer))
 
 
-def init_model(cfg) -> Path:
+def init_model(cfg: InitModelConfig) -> Path:
     """Entry point of `rlhfkit init-model`; returns the output directory."""
     lines = corpus_lines(cfg.corpus)
     tokenizer = train_tokenizer(lines, cfg.vocab_size or SIZES[cfg.size]["vocab"])

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 
+from rlhfkit.config.commands import RMConfig
 from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import PreferenceExample, load_examples
@@ -111,7 +112,7 @@ def evaluate(
     }
 
 
-def train(cfg) -> dict:
+def train(cfg: RMConfig) -> dict:
     # 1. Validate every row before anything heavy happens.
     train_examples = load_examples(cfg.data.data, "preference", "rlhfkit rm")
     eval_examples = load_examples(cfg.data.eval_data, "preference", "rlhfkit rm") if cfg.data.eval_data else []
@@ -132,7 +133,7 @@ def train(cfg) -> dict:
     return write_ensemble(cfg, members, train_examples, eval_examples) if PartialState().is_main_process else {}
 
 
-def _member_config(cfg, i: int):
+def _member_config(cfg: RMConfig, i: int) -> RMConfig:
     """Member i: seed + i, in OUT (i = 0) or OUT/member-i, resuming only if it has a checkpoint."""
     if i == 0:
         return cfg
@@ -142,7 +143,7 @@ def _member_config(cfg, i: int):
     return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
 
 
-def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]) -> dict:
+def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]) -> dict:
     """Train one reward model into ``cfg.run.output_dir``; returns the last logged metrics."""
     out = Path(cfg.run.output_dir)
     if out.is_dir():
@@ -214,7 +215,7 @@ def train_one(cfg, train_examples: list[PreferenceExample], eval_examples: list[
 
 
 def write_ensemble(
-    cfg, members: list[Path], train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]
+    cfg: RMConfig, members: list[Path], train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]
 ) -> dict:
     """Write ``OUT/ensemble.json``: members, seeds, conservative k, and the statistics of the ensemble
     mean over the training responses (what PPO normalises), plus held-out accuracy when eval data is given."""

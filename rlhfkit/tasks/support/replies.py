@@ -110,10 +110,10 @@ def wrong_action(rng: random.Random, category: str) -> str:
 
 def _draw(rng: random.Random, options: list[tuple[float, object]]):
     """Pick one value from `(probability, value)` pairs; the remainder picks None."""
-    u, acc = rng.random(), 0.0
+    u, cumulative = rng.random(), 0.0
     for p, value in options:
-        acc += p
-        if u < acc:
+        cumulative += p
+        if u < cumulative:
             return value() if callable(value) else value
     return None
 

@@ -1,9 +1,10 @@
 """Performance code, kept apart from the algorithms and applied in one visible place.
 
 - ``prepare_model(model)``, called by every model loader: swaps in kernels that compute the same function
-  faster (``kernels.py``): a fused tanh-GELU, and fp32 CPU linear layers through oneDNN where a start-up
-  self-check on this CPU shows them equal to the default path and faster. ``RLHFKIT_ACCEL=0`` in the
-  environment turns every swap off.
+  faster (``kernels.py``): a fused tanh-GELU, and fp32 CPU linear layers through oneDNN where a self-check
+  shows oneDNN equal to the default path on this CPU and faster at that layer's shape (timed once per
+  machine, the verdicts kept under ``~/.cache/rlhfkit``). ``RLHFKIT_ACCEL=0`` in the environment turns
+  every swap off.
 - Sequence packing (``packing.py``): teacher-forced passes on packed rows instead of padded ones, chosen
   per batch by a cost model; on by default, ``--pack-sequences false`` turns it off.
 

@@ -12,7 +12,12 @@ state-dict names and saved configs are untouched.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -46,14 +51,19 @@ def fuse_activations(model: nn.Module) -> int:
 
 
 # ---- fp32 linear layers on CPU through oneDNN ----------------------------------------------------------------
-# PyTorch's CPU matmuls in fp32 go to MKL's sgemm. On CPUs where MKL does not pick its AVX-512 code (AMD's,
-# for one) oneDNN's fp32 kernels run the same products about twice as fast, in IEEE fp32 as well: the
-# results differ from MKL's only by the order of the float sums. Where MKL is the faster one, the start-up
-# self-check (``onednn_ready``) keeps the default path. oneDNN builds a kernel per matrix shape and caches it
-# (~1 MB each), so the row count M is padded up to one of 8 sizes per power of two (zero rows: exact, at most
-# 1/8 more work) and a run meets a bounded set of shapes.
+# PyTorch's CPU matmuls in fp32 go to MKL's sgemm. On some CPUs and shapes (AMD's, and narrow inputs such as a
+# small model's vocabulary projection) oneDNN's fp32 kernels run the same products up to about twice as fast,
+# in IEEE fp32 as well: the results differ from MKL's only by the order of the float sums. Which one is faster
+# depends on the CPU, the thread count and the shape, so the choice is measured: once per process oneDNN is
+# checked against ``F.linear`` for correctness (``onednn_ready``), and each layer shape of a loaded model is
+# timed both ways (``onednn_faster``); only layers whose shape oneDNN runs faster are swapped. The timings'
+# verdicts are kept in a small file per machine (``decisions_file``), so that later runs on the machine take
+# the same kernels and a seed gives the same numbers run after run. oneDNN builds a
+# kernel per matrix shape and caches it (~1 MB each), so the row count M is padded up to one of 8 sizes per
+# power of two (zero rows: exact, at most 1/8 more work) and a run meets a bounded set of shapes.
 ONEDNN_MIN_MACS = 1 << 22  # smaller products stay on the default path (per-call overhead dominates there)
-SELF_CHECK_SPEEDUP = 1.1  # oneDNN must beat F.linear by this factor at the self-check's shape to be used
+SELF_CHECK_SPEEDUP = 1.1  # oneDNN must beat F.linear by this factor at a layer's shape for the layer to use it
+SELF_CHECK_MACS = 1 << 25  # rows of the timed product: about this many multiply-adds, between 64 and 1024 rows
 
 
 def _onednn_available() -> bool:
@@ -69,15 +79,77 @@ def _best_time(fn, repeats: int = 5) -> float:
     return best
 
 
-def _self_check() -> bool:
-    """oneDNN's product equals ``F.linear``'s (to fp32 rounding) and is faster at a transformer-sized shape."""
+def _agrees_with_default() -> bool:
+    """oneDNN's product equals ``F.linear``'s to fp32 rounding on an odd-sized problem."""
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(s, generator=g) for s in ((70, 48), (40, 48), (40,)))
-    if not torch.allclose(_mm(x, w.t(), b), nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5):
-        return False
-    x, w = torch.randn(512, 256, generator=g), torch.randn(1024, 256, generator=g)  # 134M multiply-adds
+    return bool(torch.allclose(_mm(x, w.t(), b), nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5))
+
+
+_ONEDNN: bool | None = None  # decided once per process, on first use
+
+
+def onednn_ready() -> bool:
+    """Whether the oneDNN fp32 linear is usable in this process: available and agreeing with ``F.linear``."""
+    global _ONEDNN
+    if _ONEDNN is None:
+        try:
+            _ONEDNN = _onednn_available() and _agrees_with_default()
+        except RuntimeError:
+            _ONEDNN = False
+    return _ONEDNN
+
+
+_FASTER: dict[tuple[int, int, int], bool] = {}  # (in features, out features, threads) -> oneDNN is faster
+
+
+def decisions_file() -> Path:
+    """Where the timings' verdicts are kept: ``$RLHFKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlhfkit``, else
+    ``~/.cache/rlhfkit``; one file per CPU model and torch version."""
+    if os.environ.get("RLHFKIT_CACHE_DIR"):
+        root = Path(os.environ["RLHFKIT_CACHE_DIR"])
+    else:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlhfkit"
+    machine = f"{_cpu_model()}-torch-{torch.__version__}"
+    return root / f"onednn-linear-{hashlib.sha1(machine.encode()).hexdigest()[:12]}.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read_decisions() -> dict[str, bool]:
+    try:
+        data = json.loads(decisions_file().read_text())
+        return {str(k): bool(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _write_decision(key: str, faster: bool) -> None:
+    """Add one verdict to the file (written to a temporary name, then renamed); a read-only home is fine."""
+    path = decisions_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**_read_decisions(), key: faster}
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _time_shape(in_features: int, out_features: int, rows: int) -> bool:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
     wt = w.t()
-    for _ in range(2):  # warm-up: the first calls build kernels
+    for _ in range(2):  # the first calls build kernels
         _mm(x, wt)
         nn.functional.linear(x, w)
     onednn = _best_time(lambda: _mm(x, wt))
@@ -85,18 +157,23 @@ def _self_check() -> bool:
     return onednn * SELF_CHECK_SPEEDUP < default
 
 
-_ONEDNN: bool | None = None  # decided once per process, on first use
-
-
-def onednn_ready() -> bool:
-    """Whether fp32 CPU linears go through oneDNN in this process: available, correct and faster here."""
-    global _ONEDNN
-    if _ONEDNN is None:
-        try:
-            _ONEDNN = _onednn_available() and _self_check()
-        except RuntimeError:
-            _ONEDNN = False
-    return _ONEDNN
+def onednn_faster(in_features: int, out_features: int) -> bool:
+    """Whether oneDNN runs ``[M, in] @ [in, out]`` at least ``SELF_CHECK_SPEEDUP`` times faster than ``F.linear``
+    here with this process's thread count: timed once per machine and shape (best of 5 after a warm-up), the
+    verdict kept in ``decisions_file``."""
+    threads = torch.get_num_threads()
+    key = (in_features, out_features, threads)
+    if key not in _FASTER:
+        rows = max(64, min(1024, SELF_CHECK_MACS // max(in_features * out_features, 1)))
+        name = f"{in_features}x{out_features}@{threads}"
+        if rows * in_features * out_features < ONEDNN_MIN_MACS:
+            _FASTER[key] = False  # such products never take the oneDNN path
+        elif (known := _read_decisions().get(name)) is not None:
+            _FASTER[key] = known
+        else:
+            _FASTER[key] = _time_shape(in_features, out_features, rows)
+            _write_decision(name, _FASTER[key])
+    return _FASTER[key]
 
 
 def padded_rows(m: int) -> int:
@@ -186,9 +263,17 @@ def _conv1d_swap() -> tuple[type, type] | None:
     return Conv1D, OneDNNConv1D
 
 
-def fast_linears(model: nn.Module) -> int:
-    """Give every ``nn.Linear`` and GPT-2 ``Conv1D`` of ``model`` the oneDNN fp32 CPU path (the modules keep
-    their parameters, names and state dict; on other devices and dtypes they run as before). Returns how many."""
+def _features(module: nn.Module) -> tuple[int, int]:
+    """(in, out) features of an ``nn.Linear`` or a GPT-2 ``Conv1D`` (weight ``[in, out]``)."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    return module.weight.shape[0], module.weight.shape[1]
+
+
+def fast_linears(model: nn.Module, measure: bool = True) -> int:
+    """Give the ``nn.Linear`` and GPT-2 ``Conv1D`` layers of ``model`` the oneDNN fp32 CPU path: every one, or
+    with ``measure`` those whose shape oneDNN runs faster here (``onednn_faster``). The modules keep their
+    parameters, names and state dict; on other devices and dtypes they run as before. Returns how many."""
     swaps: dict[type, type] = {nn.Linear: OneDNNLinear}
     conv1d = _conv1d_swap()
     if conv1d is not None:
@@ -196,7 +281,7 @@ def fast_linears(model: nn.Module) -> int:
     changed = 0
     for module in model.modules():
         new = swaps.get(type(module))
-        if new is not None:
+        if new is not None and (not measure or onednn_faster(*_features(module))):
             module.__class__ = new
             changed += 1
     return changed

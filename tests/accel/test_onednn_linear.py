@@ -5,6 +5,7 @@ oneDNN one does not apply."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -12,15 +13,16 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from rlhfkit.accel import kernels
-from rlhfkit.accel.kernels import OneDNNLinear, fast_linears, linear_matmul, onednn_ready, padded_rows
+from rlhfkit.accel.kernels import OneDNNLinear, fast_linears, linear_matmul, padded_rows
 
 needs_onednn = pytest.mark.skipif(not kernels._onednn_available(), reason="this torch build has no oneDNN linear")
 
 
 @pytest.fixture
 def count_onednn_calls(monkeypatch):
-    """Route fp32 linears through oneDNN whatever the start-up speed check decided on this CPU, and count calls."""
+    """Route fp32 linears through oneDNN whatever the load-time timing decides on this CPU, and count calls."""
     monkeypatch.setattr(kernels, "_ONEDNN", True)
+    monkeypatch.setattr(kernels, "onednn_faster", lambda in_features, out_features: True)
     calls = []
     original = kernels._OneDNNMatmul.apply
     monkeypatch.setattr(kernels._OneDNNMatmul, "apply", lambda *a: calls.append(a[0].shape) or original(*a))
@@ -120,13 +122,23 @@ def test_backward_keeps_the_unpadded_input_not_a_padded_copy(count_onednn_calls)
     assert torch.allclose(x.grad, layer.weight.sum(0).expand(37, 24), atol=1e-5)
 
 
-def test_self_check_decides_once_and_keeps_the_default_path_when_onednn_is_not_faster(monkeypatch):
-    monkeypatch.setattr(kernels, "_ONEDNN", None)
-    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 1e9)  # no kernel can be that much faster
-    assert onednn_ready() is False
-    model = nn.Sequential(nn.Linear(24, 40))
+@needs_onednn
+def test_layers_are_swapped_only_where_onednn_is_faster_at_their_shape(monkeypatch, tmp_path):
     from rlhfkit.accel import prepare_model
 
-    assert prepare_model(model)["onednn_linear"] == 0 and type(model[0]) is nn.Linear
-    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 0.0)  # decided already: not checked again
-    assert onednn_ready() is False
+    monkeypatch.setattr(kernels, "_FASTER", {})
+    monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 1e9)  # no kernel is that much faster: keep the default
+    model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 256))
+    assert prepare_model(model)["onednn_linear"] == 0 and all(type(m) is nn.Linear for m in model)
+    assert kernels._FASTER and not any(kernels._FASTER.values())
+    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 0.0)  # any time counts as faster now, but shapes are
+    assert prepare_model(nn.Sequential(nn.Linear(256, 512)))["onednn_linear"] == 0  # timed once per process
+    assert prepare_model(nn.Sequential(nn.Linear(256, 384)))["onednn_linear"] == 1  # a new shape is timed
+    assert not kernels.onednn_faster(24, 40)  # too small a product for the oneDNN path at all
+    # the verdicts are kept on disk: a new process (an empty in-memory table) reads them instead of timing
+    saved = json.loads(kernels.decisions_file().read_text())
+    assert saved == {"256x512@1": False, "512x256@1": False, "256x384@1": True}
+    monkeypatch.setattr(kernels, "_FASTER", {})
+    monkeypatch.setattr(kernels, "_time_shape", lambda *a: pytest.fail("timed again"))
+    assert kernels.onednn_faster(256, 384) and not kernels.onednn_faster(256, 512)

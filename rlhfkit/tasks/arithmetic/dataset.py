@@ -1,0 +1,95 @@
+"""Data sets of the arithmetic task: SFT demonstrations, prompts with their answers for RL,
+and the tokenizer corpus, written as JSONL files with TRL's field names.
+
+SFT rows hold the prompt and the completion; prompt rows carry an extra `answer` column
+that an RL trainer hands to the reward functions (`exact_answer(..., answer=[...])`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from .problems import Problem, all_problems, make_problems
+
+DEFAULT_SIZES = {
+    "sft": 2000,
+    "sft_eval": 200,
+}
+
+
+def _check_split(split: str) -> None:
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+
+
+def completion(answer: int) -> str:
+    """The completion of a demonstration: the answer after a space, e.g. " 12"."""
+    return f" {answer}"
+
+
+def _problem_cycle(rng: random.Random, split: str, n: int) -> list[Problem]:
+    """`n` problems of a split: whole shuffled passes, so every problem is used evenly."""
+    problems = make_problems(split)
+    out: list[Problem] = []
+    while len(out) < n:
+        order = problems[:]
+        rng.shuffle(order)
+        out.extend(order)
+    return out[:n]
+
+
+def make_sft_rows(seed: int = 0, n: int | None = None, split: str = "train") -> list[dict]:
+    """Demonstrations `{"prompt", "completion"}` over a split's problems, every answer right.
+
+    `n` defaults to DEFAULT_SIZES["sft"] (train) or DEFAULT_SIZES["sft_eval"] (eval).
+    """
+    _check_split(split)
+    n = DEFAULT_SIZES["sft" if split == "train" else "sft_eval"] if n is None else n
+    rng = random.Random(f"arithmetic-sft-{split}-{seed}")
+    return [{"prompt": p.prompt, "completion": completion(p.answer)} for p in _problem_cycle(rng, split, n)]
+
+
+def make_prompt_rows(split: str) -> list[dict]:
+    """Every problem of a split once, as `{"prompt", "answer"}` with the answer a string."""
+    _check_split(split)
+    return [{"prompt": p.prompt, "answer": str(p.answer)} for p in make_problems(split)]
+
+
+def corpus_text() -> str:
+    """Text to train the BPE tokenizer on: every problem with its answer, so each number and
+    symbol the prompts and completions use is seen in the positions it takes."""
+    return "".join(p.prompt + completion(p.answer) + "\n" for p in all_problems())
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, Path]:
+    """Write the task's files into `out_dir` and return `{name: path}`.
+
+    Names: sft, sft_eval (JSONL demonstrations), prompts_train and prompts_eval (every
+    problem of the split once, `{"prompt", "answer"}` rows), corpus (text). `sizes`
+    overrides DEFAULT_SIZES entries.
+    """
+    size = {**DEFAULT_SIZES, **(sizes or {})}
+    unknown = set(size) - set(DEFAULT_SIZES)
+    if unknown:
+        raise ValueError(f"unknown size names {sorted(unknown)}; known: {sorted(DEFAULT_SIZES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "sft": _write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
+        "sft_eval": _write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
+        "prompts_train": _write_jsonl(out / "prompts_train.jsonl", make_prompt_rows("train")),
+        "prompts_eval": _write_jsonl(out / "prompts_eval.jsonl", make_prompt_rows("eval")),
+    }
+    corpus = out / "corpus.txt"
+    corpus.write_text(corpus_text(), encoding="utf-8")
+    files["corpus"] = corpus
+    return files

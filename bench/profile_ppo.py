@@ -14,12 +14,12 @@ this script builds them) and times rlhfkit's own functions by wrapping them (not
   reference forward   response_logprobs                                   -> step 3
   advantages, misc    rest of make_rollout (padding, KL, rewards, GAE, whitening) -> steps 5-6
   train forward       ActorCritic.forward in the PPO epochs                 -> step 7
-  loss math           PPOTrainer.loss minus its forward (ops.*)
+  loss math           OnlineTrainer.loss minus its forward (ops.*)
   backward            Accelerator.backward
   optimizer           updates.step (grad norm, AdamW, schedule, zero_grad)
   update overhead     rest of train_epochs (minibatch select, Python)
-  step overhead       rest of ppo_step (metrics, KL controller)
-  loop overhead       outside ppo_step, between steps (logging, TensorBoard, samples)
+  step overhead       rest of OnlineTrainer.step (metrics, KL controller)
+  loop overhead       outside OnlineTrainer.step, between steps (logging, TensorBoard, samples)
 
 The floor: the step's matmul FLOPs (formula in `step_flops`) divided by the matmul rate measured here at the
 model's shapes (`measure_matmul_rate`, through the path rlhfkit's linear layers take: oneDNN for fp32 on CPU):
@@ -91,11 +91,11 @@ def instrument(clock: Clock, record: dict) -> None:
     from accelerate import Accelerator
 
     from rlhfkit.models.reward import RewardScorer
-    from rlhfkit.trainers.ppo import policy, trainer
+    from rlhfkit.trainers.online import policy, trainer
     from rlhfkit.training import updates
 
     in_rollout = [False]
-    make_rollout = trainer.PPOTrainer.make_rollout
+    make_rollout = trainer.OnlineTrainer.make_rollout
 
     def flagged(self, *args, **kwargs):
         in_rollout[0] = True
@@ -104,7 +104,7 @@ def instrument(clock: Clock, record: dict) -> None:
         finally:
             in_rollout[0] = False
 
-    trainer.PPOTrainer.make_rollout = flagged
+    trainer.OnlineTrainer.make_rollout = flagged
     clock.wrap(trainer, "generate", "generate")
     clock.wrap(RewardScorer, "score", "rm forward")
     # the rollout's policy + value pass (with grad when epoch 1 reuses it) vs the PPO epochs' passes
@@ -112,18 +112,18 @@ def instrument(clock: Clock, record: dict) -> None:
     clock.wrap(policy.ActorCritic, "forward", "train forward", when=lambda: not in_rollout[0])
     clock.wrap(policy.SeparateValueModel, "forward", "value model", when=lambda: in_rollout[0])
     clock.wrap(trainer, "response_logprobs", "reference forward")
-    clock.wrap(trainer.PPOTrainer, "loss", "loss+forward")
+    clock.wrap(trainer.OnlineTrainer, "loss", "loss+forward")
     clock.wrap(Accelerator, "backward", "backward")
     clock.wrap(updates, "step", "optimizer")
-    clock.wrap(trainer.PPOTrainer, "train_epochs", "train_epochs")
+    clock.wrap(trainer.OnlineTrainer, "train_epochs", "train_epochs")
 
-    original = trainer.PPOTrainer.ppo_step
+    original = trainer.OnlineTrainer.step
 
-    def ppo_step(self, prompts, prompt_ids):
+    def ppo_step(self, batch):
         t0 = time.perf_counter()
         if record["last_end"] is not None:
             clock.now["loop overhead"] += t0 - record["last_end"]
-        metrics = original(self, prompts, prompt_ids)
+        metrics = original(self, batch)
         end = time.perf_counter()
         n = clock.now
         step = {
@@ -160,7 +160,7 @@ def instrument(clock: Clock, record: dict) -> None:
         record["last_end"] = time.perf_counter()
         return metrics
 
-    trainer.PPOTrainer.ppo_step = ppo_step
+    trainer.OnlineTrainer.step = ppo_step
 
 
 # ---- the floor -----------------------------------------------------------------------------------
@@ -267,21 +267,21 @@ def torch_profile_one_step(flags: list[str], top: int) -> None:
 
     from rlhfkit.config.commands import PPOConfig
     from rlhfkit.config.parse import parse_config
-    from rlhfkit.trainers.ppo import trainer
+    from rlhfkit.trainers.online import trainer
 
     cfg, _ = parse_config("rlhfkit ppo", PPOConfig, flags)
     prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=1, repeat=1))
-    original = trainer.PPOTrainer.ppo_step
+    original = trainer.OnlineTrainer.step
 
     def ppo_step(self, *args):
         out = original(self, *args)
         prof.step()
         return out
 
-    trainer.PPOTrainer.ppo_step = ppo_step
+    trainer.OnlineTrainer.step = ppo_step
     with prof:
         trainer.train(cfg)
-    trainer.PPOTrainer.ppo_step = original
+    trainer.OnlineTrainer.step = original
     events = prof.key_averages()
     total_calls = sum(e.count for e in events)
     print(f"\ntorch.profiler, one step: {total_calls} op calls; top {top} by self CPU time")

@@ -3,7 +3,7 @@
     python bench/rlhfkit_runner.py RESULT.json -- [rlhfkit ppo flags]
 
 The command runs exactly as on the command line (``rlhfkit.cli.main.main(["ppo", ...])``); the only
-addition is a wrapper around ``PPOTrainer.ppo_step`` that reads the clock and the rollout's response
+addition is a wrapper around ``OnlineTrainer.step`` that reads the clock and the rollout's response
 mask after each step. Writes RESULT.json with step end times, generated tokens per step, the start-up
 time (process start to the first step) and the peak RSS of this process.
 """
@@ -19,22 +19,22 @@ from pathlib import Path
 START = time.perf_counter()
 
 from rlhfkit.cli.main import main as rlhfkit_main  # noqa: E402
-from rlhfkit.trainers.ppo.trainer import PPOTrainer  # noqa: E402
+from rlhfkit.trainers.online.trainer import OnlineTrainer  # noqa: E402
 
 
 def instrument(record: dict) -> None:
-    original = PPOTrainer.ppo_step
+    original = OnlineTrainer.step
 
-    def ppo_step(self, prompts, prompt_ids):
+    def step(self, batch):
         if record["first_step_start"] is None:
             record["first_step_start"] = time.perf_counter()
-        metrics = original(self, prompts, prompt_ids)
+        metrics = original(self, batch)
         record["step_ends"].append(time.perf_counter())
         rollout = metrics.get("_rollout")
         record["generated_tokens"].append(int(rollout.response_mask.sum()) if rollout is not None else 0)
         return metrics
 
-    PPOTrainer.ppo_step = ppo_step
+    OnlineTrainer.step = step
 
 
 def main(argv: list[str]) -> int:

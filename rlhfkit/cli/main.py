@@ -36,7 +36,19 @@ COMMANDS: dict[str, Command] = {
     ),
     "rm": Command(c.RMConfig, "rlhfkit.trainers.rm:train", "reward model from preference pairs (Bradley-Terry)"),
     "ppo": Command(
-        c.PPOConfig, "rlhfkit.trainers.ppo:train", "PPO against a reward model with a KL penalty to a frozen reference"
+        c.PPOConfig,
+        "rlhfkit.trainers.online:train",
+        "PPO against a reward model with a KL penalty to a frozen reference",
+    ),
+    "grpo": Command(
+        c.GRPOConfig,
+        "rlhfkit.trainers.online:train",
+        "GRPO: several completions per prompt, group-normalised rewards, no critic (Python reward functions)",
+    ),
+    "rloo": Command(
+        c.RLOOConfig,
+        "rlhfkit.trainers.online:train",
+        "RLOO: several completions per prompt, leave-one-out baseline, no critic (Python reward functions)",
     ),
     "dpo": Command(
         c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"

@@ -1,4 +1,5 @@
-"""One config dataclass per command, composed of the shared parts in ``parts.py``.
+"""One config dataclass per command, composed of the shared parts in ``parts.py`` (the online-RL commands'
+configs, ``PPOConfig``, ``GRPOConfig`` and ``RLOOConfig``, are in ``online.py``).
 
 Command-specific defaults are set by constructing a part with other values (``default_factory``), so
 an option keeps one definition and one docstring.
@@ -10,43 +11,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rlhfkit.config import options
+from rlhfkit.config.checks import at_least, check_training, positive
+from rlhfkit.config.online import GRPOConfig, PPOConfig, RLOOConfig  # noqa: F401  (every config importable here)
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError
-
-
-def _positive(**values) -> None:
-    for name, value in values.items():
-        if value is not None and value <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-
-
-def _at_least(low, **values) -> None:
-    for name, value in values.items():
-        if value < low:
-            raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-
-
-def _check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None) -> None:
-    _positive(
-        learning_rate=optim.learning_rate,
-        batch_size=optim.batch_size,
-        gradient_accumulation_steps=optim.gradient_accumulation_steps,
-        num_epochs=optim.num_epochs,
-        logging_steps=run.logging_steps,
-        save_total_limit=run.save_total_limit,
-    )
-    _at_least(
-        0,
-        warmup_steps=optim.warmup_steps,
-        weight_decay=optim.weight_decay,
-        max_grad_norm=optim.max_grad_norm,
-        eval_steps=run.eval_steps,
-        save_steps=run.save_steps,
-    )
-    if optim.max_steps == 0 or optim.max_steps < -1:
-        raise UserError(f"--max-steps must be > 0 or -1, got {optim.max_steps}")
-    if lora is not None:
-        _at_least(0, lora_r=lora.lora_r)
 
 
 @dataclass
@@ -65,7 +33,7 @@ class InitModelConfig:
     seed: int = options.seed()
 
     def check(self) -> None:
-        _at_least(0, vocab_size=self.vocab_size)
+        at_least(0, vocab_size=self.vocab_size)
 
 
 @dataclass
@@ -79,7 +47,7 @@ class SFTConfig:
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:
-        _check_training(self.optim, self.run, self.lora)
+        check_training(self.optim, self.run, self.lora)
 
 
 @dataclass
@@ -104,104 +72,9 @@ class RMConfig:
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:
-        _check_training(self.optim, self.run)
-        _positive(ensemble=self.reward.ensemble)
-        _at_least(0, center_coef=self.reward.center_coef, conservative_k=self.reward.conservative_k)
-
-
-@dataclass
-class PPOArgs:
-    reward_model: str = ""
-    """Reward model directory (AutoModelForSequenceClassification with one label), made by `rlhfkit rm`."""
-    value_model: str = ""
-    """Separate value model directory (e.g. the reward model, as InstructGPT); empty: a value head on the policy."""
-    ppo_epochs: int = 4
-    """Passes over each rollout batch."""
-    num_minibatches: int = 1
-    """Minibatches per PPO epoch (the rollout batch is split into this many)."""
-    clip_eps: float = 0.2
-    """PPO clipping range epsilon for the probability ratio."""
-    vf_coef: float = 0.1
-    """c1: weight of the value loss."""
-    value_clip: float | None = 0.2
-    """Clip the value update to old value +- this; none disables."""
-    entropy_coef: float = 0.0
-    """c2: weight of the entropy bonus."""
-    kl_loss_coef: float = 0.0
-    """c3: weight of a KL-to-reference term added to the loss (besides the KL penalty in the reward)."""
-    kl_coef: float = 0.05
-    """beta: initial coefficient of the per-token KL penalty in the reward."""
-    target_kl: float | None = None
-    """Set to adapt beta toward this per-sequence KL (Ziegler et al. 2019); none keeps beta fixed."""
-    kl_horizon: int = 10000
-    """Horizon (in samples) of the adaptive KL controller."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    """Per-token KL estimator in the reward: k1 = lp - lp_ref, k2 = (lp - lp_ref)^2/2, k3 = exp(-d) - 1 + d."""
-    gamma: float = 1.0
-    """GAE discount."""
-    lam: float = 0.95
-    """GAE lambda."""
-    advantage: Literal["gae", "sequence"] = "gae"
-    """gae: per-token GAE; sequence: A = R - V(s) for the whole response."""
-    whiten_advantages: bool = True
-    """Normalise advantages to mean 0, std 1 over the batch."""
-    normalize_reward: bool = True
-    """Standardise RM scores with the mean/std saved beside the reward model."""
-    reward_clip: float | None = 10.0
-    """Clip (normalised) scores to +- this; none disables."""
-    ensemble_mode: Literal["mean", "conservative"] = "mean"
-    """For an ensemble reward model: use the mean score, or mean - k x std."""
-    missing_eos_penalty: float | None = None
-    """Subtract this from the score of responses that never emit EOS; none disables."""
-    ref_update_steps: int = 0
-    """Copy the policy into the reference every N steps (0: never)."""
-    sample_steps: int = 10
-    """Append sample generations to samples.jsonl every N steps."""
-    gold_judge: str = ""
-    """Name of a built-in task judge (e.g. 'support') to log reward/gold on --eval-data prompts."""
-    gold_steps: int = 10
-    """Log reward/gold every N steps (when --gold-judge is set)."""
-
-
-@dataclass
-class PPOConfig:
-    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "reward_model", "data", "output_dir")
-    model: ModelArgs = field(default_factory=ModelArgs)
-    lora: LoraArgs = field(default_factory=LoraArgs)
-    data: DataArgs = field(default_factory=DataArgs)
-    ppo: PPOArgs = field(default_factory=PPOArgs)
-    generation: GenerationArgs = field(default_factory=GenerationArgs)
-    optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-5, batch_size=16, max_steps=100))
-    packing: PackingArgs = field(default_factory=PackingArgs)
-    run: RunArgs = field(default_factory=RunArgs)
-
-    def check(self) -> None:
-        _check_training(self.optim, self.run, self.lora)
-        p = self.ppo
-        _positive(
-            ppo_epochs=p.ppo_epochs,
-            num_minibatches=p.num_minibatches,
-            clip_eps=p.clip_eps,
-            target_kl=p.target_kl,
-            kl_horizon=p.kl_horizon,
-            temperature=self.generation.temperature,
-            max_new_tokens=self.generation.max_new_tokens,
-            value_clip=p.value_clip,
-        )
-        _at_least(
-            0,
-            kl_coef=p.kl_coef,
-            vf_coef=p.vf_coef,
-            entropy_coef=p.entropy_coef,
-            kl_loss_coef=p.kl_loss_coef,
-            ref_update_steps=p.ref_update_steps,
-        )
-        if self.optim.batch_size % (p.num_minibatches * self.optim.gradient_accumulation_steps):
-            raise UserError("--batch-size must be divisible by --num-minibatches x --gradient-accumulation-steps")
-        if p.ref_update_steps and self.lora.lora_r:
-            raise UserError("--ref-update-steps needs full fine-tuning: with LoRA the reference is the base weights")
-        if not (0 <= p.gamma <= 1 and 0 <= p.lam <= 1):
-            raise UserError("--gamma and --lam must be in [0, 1]")
+        check_training(self.optim, self.run)
+        positive(ensemble=self.reward.ensemble)
+        at_least(0, center_coef=self.reward.center_coef, conservative_k=self.reward.conservative_k)
 
 
 @dataclass
@@ -229,8 +102,8 @@ class DPOConfig:
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:
-        _check_training(self.optim, self.run, self.lora)
-        _positive(beta=self.dpo.beta)
+        check_training(self.optim, self.run, self.lora)
+        positive(beta=self.dpo.beta)
         if not 0 <= self.dpo.label_smoothing < 0.5:
             raise UserError(f"--label-smoothing must be in [0, 0.5), got {self.dpo.label_smoothing}")
         if self.dpo.loss_type == "ipo" and self.dpo.label_smoothing != 0:
@@ -250,7 +123,7 @@ class IOArgs:
 
 
 def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:
-    _positive(batch_size=io.batch_size, temperature=generation.temperature, max_new_tokens=generation.max_new_tokens)
+    positive(batch_size=io.batch_size, temperature=generation.temperature, max_new_tokens=generation.max_new_tokens)
 
 
 @dataclass
@@ -278,7 +151,7 @@ class ScoreConfig:
     io: IOArgs = field(default_factory=IOArgs)
 
     def check(self) -> None:
-        _positive(batch_size=self.io.batch_size)
+        positive(batch_size=self.io.batch_size)
 
 
 @dataclass
@@ -303,7 +176,7 @@ class EvalConfig:
 
     def check(self) -> None:
         _check_sampling(self.io, self.generation)
-        _at_least(0, num_prompts=self.eval.num_prompts)
+        at_least(0, num_prompts=self.eval.num_prompts)
 
 
 @dataclass

@@ -58,8 +58,43 @@ def _unwrap_optional(tp):
     return tp, False
 
 
+def _list_item_type(tp) -> type | None:
+    """``str`` for ``list[str]``, ``float`` for ``list[float]``; None for other types."""
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+
+
+def _convert_list(item_type: type, value: Any) -> list:
+    """A list option from a YAML list, a repeated flag (a list of strings), a Python list, or one string;
+    numbers may be given comma-separated (``--reward-weights 1.0,0.5``). Python callables pass through as
+    they are (the Python API takes reward functions as callables)."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if item_type is float:
+        parts = [p for item in items for p in (item.split(",") if isinstance(item, str) else [item])]
+        out = []
+        for part in parts:
+            if isinstance(part, bool):
+                raise ValueError(f"must be numbers, got {part!r}")
+            try:
+                out.append(float(part))
+            except (TypeError, ValueError):
+                raise ValueError(f"must be numbers (comma-separated), got {part!r}") from None
+        return out
+    out = []
+    for item in items:
+        if callable(item) and not isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, (str, int, float)) and not isinstance(item, bool) and str(item).strip():
+            out.append(str(item).strip())
+        else:
+            raise ValueError(f"must be strings, got {item!r}")
+    return out
+
+
 def convert(leaf: Leaf, value: Any) -> Any:
     """Convert text (from a flag) or a YAML value to the option's type; raise ValueError if impossible."""
+    item_type = _list_item_type(leaf.type)
+    if item_type is not None:
+        return _convert_list(item_type, [] if value is None else value)
     tp, optional = _unwrap_optional(leaf.type)
     if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):
         return None
@@ -165,7 +200,11 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
         flags = [dashed] if dashed == under else [dashed, under]
         default = "required" if leaf.name in required else f"default: {leaf.default!r}"
         kwargs: dict[str, Any] = {"dest": leaf.name, "help": f"{leaf.doc} ({default})"}
-        if tp is bool:
+        if _list_item_type(tp) is str:  # repeatable: --reward-fn a.py:f --reward-fn b.py:g
+            kwargs.update(action="append", metavar="STR")
+        elif _list_item_type(tp) is float:
+            kwargs["metavar"] = "FLOAT,FLOAT,..."
+        elif tp is bool:
             kwargs.update(nargs="?", const="true", metavar="BOOL")
         elif typing.get_origin(tp) is Literal:
             kwargs["metavar"] = "{" + ",".join(map(str, typing.get_args(tp))) + "}"
@@ -238,8 +277,18 @@ def flat_dict(config: Any) -> dict[str, Any]:
     return {leaf.name: getattr(_get_part(config, leaf.path), leaf.name) for leaf in leaves(config)}
 
 
+def _describe(value: Any) -> Any:
+    """A YAML-safe form of an option value: a Python callable (given through the Python API) by its name."""
+    if isinstance(value, list):
+        return [_describe(v) for v in value]
+    if callable(value) and not isinstance(value, str):
+        return f"<python function {getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}>"
+    return value
+
+
 def save_config(config: Any, output_dir: str | Path) -> Path:
     path = Path(output_dir) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(flat_dict(config), sort_keys=False), encoding="utf-8")
+    flat = {name: _describe(value) for name, value in flat_dict(config).items()}
+    path.write_text(yaml.safe_dump(flat, sort_keys=False), encoding="utf-8")
     return path

@@ -11,7 +11,7 @@ import torch
 from rlhfkit.accel import packing
 from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
 from rlhfkit.models.forward import response_logprobs
-from rlhfkit.trainers.ppo.policy import ActorCritic, SeparateValueModel
+from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 
 from ..models.test_architectures import make_config
 

@@ -53,7 +53,7 @@ def test_bool_and_optional_values():
     ppo = parse_config(
         "rlhfkit ppo", PPOConfig, REQUIRED + ["--reward-model", "rm", "--target-kl", "6", "--value-clip", "none"]
     )[0]
-    assert ppo.ppo.target_kl == 6.0 and ppo.ppo.value_clip is None
+    assert ppo.kl.target_kl == 6.0 and ppo.critic.value_clip is None
 
 
 def test_unknown_flag_is_rejected_with_a_clear_message(capsys):

@@ -9,7 +9,7 @@ import pytest
 
 from rlhfkit.cli.main import main
 from rlhfkit.data.text_stats import distinct_n, repetition_rate, text_stats
-from rlhfkit.trainers.ppo.monitor import HackingMonitor
+from rlhfkit.trainers.online.monitor import HackingMonitor
 
 KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "kl/ppo", "kl/ppo_no_kl", "rm/eval_accuracy", "seconds")
 

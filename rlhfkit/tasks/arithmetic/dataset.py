@@ -13,6 +13,10 @@ from pathlib import Path
 
 from .problems import Problem, all_problems, make_problems
 
+# Share of SFT demonstrations whose answer is off by one: the SFT model learns this slip as
+# a habit on every problem, which leaves held-out accuracy below 100% for RL to raise.
+SLIP_RATE = 0.3
+
 DEFAULT_SIZES = {
     "sft": 2000,
     "sft_eval": 200,
@@ -40,15 +44,28 @@ def _problem_cycle(rng: random.Random, split: str, n: int) -> list[Problem]:
     return out[:n]
 
 
-def make_sft_rows(seed: int = 0, n: int | None = None, split: str = "train") -> list[dict]:
-    """Demonstrations `{"prompt", "completion"}` over a split's problems, every answer right.
+def slipped_answer(rng: random.Random, answer: int) -> int:
+    """An answer off by one, up or down at random (up from 0, so it is never negative)."""
+    return answer + 1 if answer == 0 or rng.random() < 0.5 else answer - 1
 
-    `n` defaults to DEFAULT_SIZES["sft"] (train) or DEFAULT_SIZES["sft_eval"] (eval).
+
+def make_sft_rows(
+    seed: int = 0, n: int | None = None, split: str = "train", slip_rate: float | None = None
+) -> list[dict]:
+    """Demonstrations `{"prompt", "completion"}` over a split's problems.
+
+    A `slip_rate` share of them (default SLIP_RATE) answers off by one. `n` defaults to
+    DEFAULT_SIZES["sft"] (train) or DEFAULT_SIZES["sft_eval"] (eval).
     """
     _check_split(split)
     n = DEFAULT_SIZES["sft" if split == "train" else "sft_eval"] if n is None else n
+    slip_rate = SLIP_RATE if slip_rate is None else slip_rate
     rng = random.Random(f"arithmetic-sft-{split}-{seed}")
-    return [{"prompt": p.prompt, "completion": completion(p.answer)} for p in _problem_cycle(rng, split, n)]
+    rows = []
+    for p in _problem_cycle(rng, split, n):
+        answer = slipped_answer(rng, p.answer) if rng.random() < slip_rate else p.answer
+        rows.append({"prompt": p.prompt, "completion": completion(answer)})
+    return rows
 
 
 def make_prompt_rows(split: str) -> list[dict]:

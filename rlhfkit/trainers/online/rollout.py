@@ -1,7 +1,7 @@
 """The rollout container and its generation step.
 
-A rollout holds one PPO step's experience. Shapes: ``B`` prompts, ``P`` prompt tokens (left-padded),
-``T`` response tokens (right-padded after the first EOS).
+A rollout holds one step's experience. Shapes: ``B`` completions (G per prompt, a group's rows contiguous),
+``P`` prompt tokens (left-padded), ``T`` response tokens (right-padded after the first EOS).
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ class Rollout:
     query_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
     response_ids: torch.Tensor  # [B, T] sampled tokens, pad after the first EOS
     response_mask: torch.Tensor  # [B, T] 1 on real response tokens (EOS included)
-    scores: torch.Tensor  # [B]    reward-model score used in the reward (normalised, clipped)
-    raw_scores: torch.Tensor  # [B]    reward-model score as the model gives it
+    loss_mask: torch.Tensor  # [B, T] response_mask less the rows left out of the update
+    group_ids: torch.Tensor  # [B]    the prompt group of each row
+    scores: torch.Tensor  # [B]    reward used in the update (weighted, normalised, penalised, clipped)
+    raw_scores: torch.Tensor  # [B]    weighted sum of the rewards as they come (NaN where none applies)
     logprobs: torch.Tensor  # [B, T] log pi_old(a_t | s_t), the policy that sampled
-    ref_logprobs: torch.Tensor  # [B, T] log pi_ref(a_t | s_t)
-    values: torch.Tensor  # [B, T] V_old(s_t)
-    rewards: torch.Tensor  # [B, T] -beta*KL_t, plus the score at the last real token
+    ref_logprobs: torch.Tensor | None  # [B, T] log pi_ref(a_t | s_t); None without a reference
+    values: torch.Tensor | None  # [B, T] V_old(s_t); None without a critic
+    rewards: torch.Tensor  # [B, T] the reward at the last real token (minus beta*KL_t when in the reward)
     advantages: torch.Tensor  # [B, T]
-    returns: torch.Tensor  # [B, T] targets of the value function
+    returns: torch.Tensor  # [B, T] targets of the value function (critic-free: the return, for logging)
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -43,7 +45,8 @@ class Rollout:
 
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows ``index`` of every field (a minibatch)."""
-        return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        chosen = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v[index] for k, v in chosen.items() if v is not None})
 
 
 @torch.no_grad()

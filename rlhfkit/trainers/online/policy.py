@@ -59,13 +59,20 @@ class SeparateValueModel(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Policy (a causal LM, possibly with LoRA) + value function, trained together by one optimizer."""
+    """Policy (a causal LM, possibly with LoRA) + value function, trained together by one optimizer.
 
-    def __init__(self, policy, value_model: SeparateValueModel | None = None):
+    ``critic=False`` (the critic-free algorithms) builds no value function at all: ``forward`` then returns
+    None for the values."""
+
+    def __init__(self, policy, value_model: SeparateValueModel | None = None, critic: bool = True):
         super().__init__()
         self.policy = policy
-        self.value_model = value_model
-        self.value_head = None if value_model is not None else ValueHead(policy.config.hidden_size)
+        self.value_model = value_model if critic else None
+        self.value_head = ValueHead(policy.config.hidden_size) if critic and value_model is None else None
+
+    @property
+    def has_critic(self) -> bool:
+        return self.value_head is not None or self.value_model is not None
 
     def forward(
         self,
@@ -76,16 +83,19 @@ class ActorCritic(nn.Module):
         with_entropy: bool = False,
         packed: PackedBatch | None = None,
     ):
-        """Log-probs of the given response tokens, values and (optionally) entropies, each ``[B, T]``.
-        ``packed``: the same batch packed (``rlhfkit.accel.packing.pack``), to run on instead."""
+        """Log-probs of the given response tokens, values (None without a critic) and (optionally) entropies,
+        each ``[B, T]``. ``packed``: the same batch packed (``rlhfkit.accel.packing.pack_batch``), to run on
+        instead."""
         logits, hidden = response_logits(
             self.policy, input_ids, attention_mask, n_response, hidden=self.value_head is not None, packed=packed
         )
         logits = logits.float() / temperature
         logprobs = logprobs_from_logits(logits, input_ids[:, -n_response:])
         if self.value_head is not None:
-            values = self.value_head(hidden)
+            values = self.value_head(hidden).float()
+        elif self.value_model is not None:
+            values = self.value_model(input_ids, attention_mask, n_response, packed).float()
         else:
-            values = self.value_model(input_ids, attention_mask, n_response, packed)
+            values = None
         entropy = entropy_from_logits(logits) if with_entropy else None
-        return logprobs, values.float(), entropy
+        return logprobs, values, entropy

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlhfkit.errors import UserError
-from rlhfkit.trainers.ppo import train
+from rlhfkit.trainers.online import train
 
 from .conftest import ScoreOut, ThanksScorer, parse, read_metrics
 from .test_ppo_resume import make_reward_model
@@ -85,8 +85,8 @@ def test_reusing_the_first_epochs_forward_changes_nothing(thanks_task, tmp_path,
     off (a separate no-grad pass, as with several minibatches) must give the same update."""
     from safetensors.torch import load_file
 
-    from rlhfkit.trainers.ppo.policy import ActorCritic
-    from rlhfkit.trainers.ppo.trainer import PPOTrainer
+    from rlhfkit.trainers.online.policy import ActorCritic
+    from rlhfkit.trainers.online.trainer import OnlineTrainer
 
     model, prompts = thanks_task
     args = f"--model {model} --data {prompts} --max-steps 1 --ppo-epochs 2 {BASE}"
@@ -96,7 +96,7 @@ def test_reusing_the_first_epochs_forward_changes_nothing(thanks_task, tmp_path,
     results = []
     for reuse in (True, False):
         if not reuse:
-            monkeypatch.setattr(PPOTrainer, "reuses_first_pass", property(lambda self: False))
+            monkeypatch.setattr(OnlineTrainer, "reuses_first_pass", property(lambda self: False))
         out = tmp_path / f"reuse-{reuse}"
         calls.clear()
         torch.manual_seed(0)
@@ -153,7 +153,7 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
     packed_calls = []
     pack_batch = packing.pack_batch
     monkeypatch.setattr(
-        "rlhfkit.trainers.ppo.trainer.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1]
+        "rlhfkit.trainers.online.trainer.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1]
     )
     model, prompts = thanks_task
     extra = f"--value-model {make_reward_model(model, tmp_path / 'rm')}" if value == "separate" else ""

@@ -1,8 +1,9 @@
-"""Step 8 of PPO: metrics of a rollout, sample generations, and the held-out gold judge."""
+"""Step 8 of the online loop: metrics of a rollout, sample generations, and the held-out gold judge."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -11,29 +12,34 @@ from rlhfkit import ops
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.errors import UserError
 from rlhfkit.models.sampling import decode, sample_responses
-from rlhfkit.trainers.ppo.rollout import Rollout
+from rlhfkit.trainers.online.rollout import Rollout
 
 GOLD_PROMPTS = 64  # held-out prompts sampled for reward/gold
 SAMPLES_PER_STEP = 4
 
 
 def rollout_metrics(r: Rollout, kl_coef: float) -> dict[str, float]:
-    """The PPO metrics that come from the experience itself (the update adds the loss terms)."""
+    """The metrics that come from the experience itself (the update adds the loss terms): the KL ones only
+    with a reference, the value ones only with a critic. ``reward/score`` is the mean over the completions
+    some reward applies to."""
     mask = r.response_mask.float()
-    kl_seq = ((r.logprobs - r.ref_logprobs) * mask).sum(dim=1)  # [B] per-sequence KL (k1 estimate)
-    k3 = ops.kl_penalty(r.logprobs, r.ref_logprobs, "k3") * mask
-    return {
-        "reward/score": float(r.raw_scores.mean()),
-        "reward/score_std": float(r.raw_scores.std()) if r.raw_scores.numel() > 1 else 0.0,
+    scored = r.raw_scores[~torch.isnan(r.raw_scores)]
+    out = {
+        "reward/score": float(scored.mean()) if scored.numel() else math.nan,
+        "reward/score_std": float(scored.std()) if scored.numel() > 1 else 0.0,
         "reward/shaped_score": float(r.scores.mean()),
         "reward/total": float(r.rewards.sum(dim=1).mean()),
-        "kl/ref": float(kl_seq.mean()),
-        "kl/ref_k3": float(k3.sum(dim=1).mean()),
-        "kl/coef": float(kl_coef),
-        "value/explained_variance": float(ops.explained_variance(r.values, r.returns, mask)),
-        "value/mean": float(ops.masked_mean(r.values, mask)),
-        "response/length": float(mask.sum(dim=1).mean()),
     }
+    if r.ref_logprobs is not None:
+        kl_seq = ((r.logprobs - r.ref_logprobs) * mask).sum(dim=1)  # [B] per-sequence KL (k1 estimate)
+        k3 = ops.kl_penalty(r.logprobs, r.ref_logprobs, "k3") * mask
+        out.update({"kl/ref": float(kl_seq.mean()), "kl/ref_k3": float(k3.sum(dim=1).mean())})
+    out["kl/coef"] = float(kl_coef)
+    if r.values is not None:
+        out["value/explained_variance"] = float(ops.explained_variance(r.values, r.returns, mask))
+        out["value/mean"] = float(ops.masked_mean(r.values, mask))
+    out["response/length"] = float(mask.sum(dim=1).mean())
+    return out
 
 
 class SampleWriter:
@@ -53,13 +59,14 @@ class SampleWriter:
             return
         texts = tokenizer.batch_decode(r.response_ids[:SAMPLES_PER_STEP], skip_special_tokens=True)
         rows = [
-            {"step": step, "prompt": p, "response": t, "score": float(s)}
+            {"step": step, "prompt": p, "response": t, "score": float(s) if math.isfinite(s) else None}
             for p, t, s in zip(prompts, texts, r.raw_scores.tolist())
         ]
         with self.path.open("a") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)
         table = "\n\n".join(
-            f"**prompt** {row['prompt']}  \n**response** {row['response']}  \n**score** {row['score']:.3f}"
+            f"**prompt** {row['prompt']}  \n**response** {row['response']}  \n**score** "
+            + ("-" if row["score"] is None else f"{row['score']:.3f}")
             for row in rows
         )
         self.logger.text("samples", table, step)

@@ -1,0 +1,41 @@
+"""Range checks that configs run on their options; each raises a UserError naming the flag."""
+
+from __future__ import annotations
+
+from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs
+from rlhfkit.errors import UserError
+
+
+def positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+
+
+def at_least(low, **values) -> None:
+    for name, value in values.items():
+        if value < low:
+            raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
+def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None) -> None:
+    positive(
+        learning_rate=optim.learning_rate,
+        batch_size=optim.batch_size,
+        gradient_accumulation_steps=optim.gradient_accumulation_steps,
+        num_epochs=optim.num_epochs,
+        logging_steps=run.logging_steps,
+        save_total_limit=run.save_total_limit,
+    )
+    at_least(
+        0,
+        warmup_steps=optim.warmup_steps,
+        weight_decay=optim.weight_decay,
+        max_grad_norm=optim.max_grad_norm,
+        eval_steps=run.eval_steps,
+        save_steps=run.save_steps,
+    )
+    if optim.max_steps == 0 or optim.max_steps < -1:
+        raise UserError(f"--max-steps must be > 0 or -1, got {optim.max_steps}")
+    if lora is not None:
+        at_least(0, lora_r=lora.lora_r)

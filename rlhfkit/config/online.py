@@ -1,0 +1,270 @@
+"""Options of online RL (`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`), in parts every algorithm shares.
+
+An algorithm is a config that composes these parts with its own defaults (``default_factory``): PPO with a
+critic and GAE, GRPO and RLOO without one, sampling several completions per prompt. Each option keeps one
+definition and one docstring whatever command shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from rlhfkit.config.checks import at_least, check_training, positive
+from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
+from rlhfkit.errors import UserError
+
+Estimator = Literal["gae", "sequence", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+CRITIC_ESTIMATORS = ("gae", "sequence")  # the estimators that need a value function
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")  # the ones that compare completions of a prompt
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@dataclass
+class OnlineRewardArgs:
+    reward_model: str = ""
+    """Reward model directory (AutoModelForSequenceClassification with one label), made by `rlhfkit rm`."""
+    reward_fn: list[str] = field(default_factory=list)
+    """A Python reward function, FILE.py:NAME, called as fn(prompts, completions, **columns) -> list[float | None]
+    (TRL's signature; the prompt rows' other columns and completion_ids come as keyword lists), or the name of a
+    built-in task's reward (e.g. 'support' for its gold judge, 'arithmetic' for exact answers). Repeat the flag
+    for several; with --reward-model too, the rewards are summed with --reward-weights."""
+    reward_weights: list[float] = field(default_factory=list)
+    """Weights of the rewards, comma-separated, in the order: --reward-model (if given), then each --reward-fn;
+    empty: all 1."""
+    normalize_reward: bool = True
+    """Standardise reward-model scores with the mean/std saved beside the reward model."""
+    reward_clip: float | None = 10.0
+    """Clip the (normalised, weighted) reward to +- this; none disables."""
+    ensemble_mode: Literal["mean", "conservative"] = "mean"
+    """For an ensemble reward model: use the mean score, or mean - k x std."""
+    missing_eos_penalty: float | None = None
+    """Subtract this from the reward of completions that never emit EOS; none disables."""
+
+
+@dataclass
+class PolicyLossArgs:
+    ppo_epochs: int = 4
+    """Passes over each rollout batch."""
+    num_minibatches: int = 1
+    """Minibatches per epoch (the rollout batch is split into this many)."""
+    clip_eps: float = 0.2
+    """Clipping range epsilon of the probability ratio (the lower one with --clip-eps-high)."""
+    clip_eps_high: float | None = None
+    """Upper clipping range (clip-higher, Yu et al. 2025); none: the same as --clip-eps."""
+    importance_ratio: Literal["token", "sequence"] = "token"
+    """token: one ratio per token (PPO); sequence: one ratio per completion, exp(sum of log-ratios), as RLOO."""
+    loss_aggregation: LossAggregation = "token-mean"
+    """How token losses become the loss: token-mean (every token weighs the same), seq-mean-token-mean (every
+    completion weighs the same, GRPO), seq-mean-token-sum-norm (token sum / (rows x --max-new-tokens), Dr. GRPO)."""
+    entropy_coef: float = 0.0
+    """c2: weight of the entropy bonus."""
+    mask_truncated_completions: bool = False
+    """Give no gradient to completions cut off at --max-new-tokens (they still count in reward statistics)."""
+
+
+@dataclass
+class KLArgs:
+    kl_coef: float = 0.05
+    """beta: initial coefficient of the KL penalty to the reference (0: no reference model is loaded)."""
+    kl_in_loss: bool = False
+    """Put the KL in the loss (k3 per token, beta constant, as GRPO) instead of the per-token reward."""
+    target_kl: float | None = None
+    """Set to adapt beta toward this per-sequence KL (Ziegler et al. 2019); none keeps beta fixed."""
+    kl_horizon: int = 10000
+    """Horizon (in samples) of the adaptive KL controller."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator in the reward: k1 = lp - lp_ref, k2 = (lp - lp_ref)^2/2, k3 = exp(-d) - 1 + d."""
+    kl_loss_coef: float = 0.0
+    """c3: weight of a k3 KL-to-reference term added to the loss besides the penalty in the reward."""
+    ref_update_steps: int = 0
+    """Copy the policy into the reference every N steps (0: never)."""
+    log_ref_kl: bool = False
+    """With beta = 0, still load the reference to log kl/ref (the drift from the start); off: no reference."""
+
+
+@dataclass
+class AdvantageArgs:
+    advantage: Estimator = "gae"
+    """gae: per-token GAE (critic); sequence: A = R - V(s) (critic); grpo: (r - group mean) / group std;
+    rloo: r - mean of the other completions; reinforce_pp: discounted returns whitened over the batch;
+    reinforce_pp_baseline: the same after subtracting the group mean."""
+    gamma: float = 1.0
+    """Discount (gae, reinforce_pp)."""
+    lam: float = 0.95
+    """GAE lambda."""
+    whiten_advantages: bool = True
+    """Normalise gae / sequence advantages to mean 0, std 1 over the batch (the group estimators scale their own)."""
+    num_generations: int = 1
+    """Completions sampled per prompt (G); the rows of a group are contiguous, and --batch-size counts completions."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """GRPO's scaling of r - group mean: by the group's std, the batch's std, or not at all (Dr. GRPO)."""
+    drop_zero_std_groups: bool = False
+    """Leave out of the update the groups whose rewards are all equal (they carry no signal); the count is
+    logged as rollout/zero_std_groups either way."""
+
+
+@dataclass
+class CriticArgs:
+    value_model: str = ""
+    """Separate value model directory (e.g. the reward model, as InstructGPT); empty: a value head on the policy."""
+    vf_coef: float = 0.1
+    """c1: weight of the value loss."""
+    value_clip: float | None = 0.2
+    """Clip the value update to old value +- this; none disables."""
+
+
+@dataclass
+class MonitorArgs:
+    sample_steps: int = 10
+    """Append sample generations to samples.jsonl every N steps."""
+    gold_judge: str = ""
+    """Name of a built-in task judge (e.g. 'support') to log reward/gold on --eval-data prompts."""
+    gold_steps: int = 10
+    """Log reward/gold every N steps (when --gold-judge is set)."""
+
+
+@dataclass
+class OnlineConfig:
+    """Fields every online-RL command has; ``algorithm`` names the command (and the progress bar)."""
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output_dir")
+    algorithm: ClassVar[str] = "ppo"
+    model: ModelArgs = field(default_factory=ModelArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    reward: OnlineRewardArgs = field(default_factory=OnlineRewardArgs)
+    policy: PolicyLossArgs = field(default_factory=PolicyLossArgs)
+    kl: KLArgs = field(default_factory=KLArgs)
+    advantage: AdvantageArgs = field(default_factory=AdvantageArgs)
+    monitor: MonitorArgs = field(default_factory=MonitorArgs)
+    generation: GenerationArgs = field(default_factory=GenerationArgs)
+    optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-5, batch_size=16, max_steps=100))
+    packing: PackingArgs = field(default_factory=PackingArgs)
+    run: RunArgs = field(default_factory=RunArgs)
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.advantage.advantage in CRITIC_ESTIMATORS
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a frozen reference is needed: for a KL term, a reference refresh, or logging the KL."""
+        k = self.kl
+        return k.kl_coef > 0 or k.kl_loss_coef > 0 or k.ref_update_steps > 0 or k.log_ref_kl
+
+    def check(self) -> None:
+        check_training(self.optim, self.run, self.lora)
+        p, k, a = self.policy, self.kl, self.advantage
+        positive(
+            ppo_epochs=p.ppo_epochs,
+            num_minibatches=p.num_minibatches,
+            clip_eps=p.clip_eps,
+            clip_eps_high=p.clip_eps_high,
+            target_kl=k.target_kl,
+            kl_horizon=k.kl_horizon,
+            temperature=self.generation.temperature,
+            max_new_tokens=self.generation.max_new_tokens,
+            num_generations=a.num_generations,
+            sample_steps=self.monitor.sample_steps,
+            gold_steps=self.monitor.gold_steps,
+        )
+        at_least(
+            0,
+            kl_coef=k.kl_coef,
+            entropy_coef=p.entropy_coef,
+            kl_loss_coef=k.kl_loss_coef,
+            ref_update_steps=k.ref_update_steps,
+        )
+        batch, g = self.optim.batch_size, a.num_generations
+        if batch % g:
+            raise UserError(
+                f"--batch-size {batch} must be a multiple of --num-generations {g}: it counts completions, "
+                f"{g} per prompt"
+            )
+        if batch % (p.num_minibatches * self.optim.gradient_accumulation_steps):
+            raise UserError("--batch-size must be divisible by --num-minibatches x --gradient-accumulation-steps")
+        if k.ref_update_steps and self.lora.lora_r:
+            raise UserError("--ref-update-steps needs full fine-tuning: with LoRA the reference is the base weights")
+        if not (0 <= a.gamma <= 1 and 0 <= a.lam <= 1):
+            raise UserError("--gamma and --lam must be in [0, 1]")
+        if k.kl_in_loss and k.target_kl is not None:
+            raise UserError("--kl-in-loss keeps beta constant: it cannot be combined with --target-kl")
+        if a.advantage in GROUP_ESTIMATORS and g < 2:
+            raise UserError(
+                f"--advantage {a.advantage} compares the completions of a prompt: it needs --num-generations >= 2"
+            )
+        weights, n_rewards = self.reward.reward_weights, len(self.reward.reward_fn) + bool(self.reward.reward_model)
+        if n_rewards == 0:
+            raise UserError(f"rlhfkit {self.algorithm}: give --reward-model or at least one --reward-fn")
+        if weights and len(weights) != n_rewards:
+            raise UserError(
+                f"--reward-weights has {len(weights)} values for {n_rewards} rewards "
+                "(--reward-model first, then each --reward-fn)"
+            )
+
+
+@dataclass
+class PPOConfig(OnlineConfig):
+    """PPO with a value function (GAE advantages) against a reward model, KL penalty in the reward."""
+
+    algorithm: ClassVar[str] = "ppo"
+    critic: CriticArgs = field(default_factory=CriticArgs)
+
+    def check(self) -> None:
+        super().check()
+        _check_critic(self.critic)
+
+
+def _check_critic(critic: CriticArgs) -> None:
+    positive(value_clip=critic.value_clip)
+    at_least(0, vf_coef=critic.vf_coef)
+
+
+def _critic_free_check(config: OnlineConfig) -> None:
+    if config.needs_critic:
+        raise UserError(
+            f"--advantage {config.advantage.advantage} needs a value function: use rlhfkit ppo, or one of "
+            "grpo, rloo, reinforce_pp, reinforce_pp_baseline"
+        )
+
+
+@dataclass
+class GRPOConfig(OnlineConfig):
+    """GRPO (Shao et al. 2024): G completions per prompt, A = (r - group mean) / group std, no critic; the KL
+    to the reference is a k3 term in the loss; one update per batch; every completion weighs the same."""
+
+    algorithm: ClassVar[str] = "grpo"
+    policy: PolicyLossArgs = field(
+        default_factory=lambda: PolicyLossArgs(ppo_epochs=1, loss_aggregation="seq-mean-token-mean")
+    )
+    kl: KLArgs = field(default_factory=lambda: KLArgs(kl_coef=0.04, kl_in_loss=True))
+    advantage: AdvantageArgs = field(
+        default_factory=lambda: AdvantageArgs(advantage="grpo", num_generations=8, whiten_advantages=False)
+    )
+    optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-6, batch_size=16, max_steps=100))
+
+    def check(self) -> None:
+        super().check()
+        _critic_free_check(self)
+
+
+@dataclass
+class RLOOConfig(OnlineConfig):
+    """RLOO (Ahmadian et al. 2024): G completions per prompt, A = r - mean of the other completions, no critic;
+    the KL penalty in the reward; one update per batch with one importance ratio per completion."""
+
+    algorithm: ClassVar[str] = "rloo"
+    policy: PolicyLossArgs = field(
+        default_factory=lambda: PolicyLossArgs(
+            ppo_epochs=1, importance_ratio="sequence", loss_aggregation="seq-mean-token-mean"
+        )
+    )
+    advantage: AdvantageArgs = field(
+        default_factory=lambda: AdvantageArgs(advantage="rloo", num_generations=4, whiten_advantages=False)
+    )
+    optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-6, batch_size=16, max_steps=100))
+
+    def check(self) -> None:
+        super().check()
+        _critic_free_check(self)

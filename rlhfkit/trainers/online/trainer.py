@@ -1,0 +1,524 @@
+"""`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`: one online-RL loop, the algorithm a choice of options.
+
+One step (``OnlineTrainer.step``) is the loop of the RLHF literature:
+  1. generate G completions per prompt with the current policy
+  2. reward them (reward model, Python functions, a task's judge; weighted)
+  3. log-probs under the rollout ("old") policy and, when a KL term needs it, the frozen reference
+  4. values from the value function (same forward pass as 3 for a value head; only with a critic)
+  5. per-token rewards r_t = -beta*KL_t (when the KL is in the reward), plus the reward at the last real token
+  6. advantages: the algorithm's estimator (GAE, sequence, GRPO, RLOO, REINFORCE++), ``rlhfkit.ops.estimators``
+  7. epochs over minibatches: clipped surrogate + c1*value loss - c2*entropy (+ beta*KL in the loss), each
+     token loss reduced by --loss-aggregation
+  8. update beta, log, write samples
+
+PPO is GAE with a critic and the KL in the reward; GRPO is the group estimator with the KL in the loss and
+one update per batch; RLOO the leave-one-out estimator with one importance ratio per completion. Their
+defaults are the configs in ``rlhfkit.config.online``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import replace
+
+import torch
+
+from rlhfkit import ops
+from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
+from rlhfkit.config.online import CRITIC_ESTIMATORS, GROUP_ESTIMATORS, OnlineConfig
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.schema import load_examples
+from rlhfkit.errors import UserError
+from rlhfkit.models.forward import response_logprobs
+from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
+from rlhfkit.models.lora import adapters_off, apply_lora
+from rlhfkit.models.reward import RewardScorer
+from rlhfkit.trainers.online.monitor import HackingMonitor
+from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
+from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter, rollout_metrics
+from rlhfkit.trainers.online.rewards import RewardBatch, Rewards, build_rewards
+from rlhfkit.trainers.online.rollout import Rollout, generate
+from rlhfkit.training import updates
+from rlhfkit.training.runtime import disable_dropout
+from rlhfkit.training.session import open_session
+from rlhfkit.training.stream import IndexStream
+
+MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
+
+
+class OnlineTrainer:
+    """Holds the roles (policy, optional critic, optional reference, rewards) and runs ``step``. Built by
+    ``train(cfg)``; usable from Python too.
+
+    ``ref_model``: the frozen reference, or None: then with LoRA the reference is the policy's backbone
+    with its adapters off, and without LoRA there is none (no KL term needs one: ``cfg.needs_reference``).
+    """
+
+    def __init__(self, cfg: OnlineConfig, actor_critic: ActorCritic, ref_model, rewards: Rewards, tokenizer, session):
+        self.cfg, self.gen = cfg, cfg.generation
+        self.policy_args, self.kl_args, self.adv_args = cfg.policy, cfg.kl, cfg.advantage
+        self.critic_args = getattr(cfg, "critic", None) if actor_critic.has_critic else None
+        self.actor_critic, self.ref_model, self.rewards = actor_critic, ref_model, rewards
+        self.tokenizer, self.session = tokenizer, session
+        self.accelerator = session.accelerator
+        self.device = session.device
+        k = self.kl_args
+        self.has_reference = cfg.needs_reference and (ref_model is not None or cfg.lora.lora_r > 0)
+        self.kl_ctl = (
+            ops.AdaptiveKLController(k.kl_coef, k.target_kl, k.kl_horizon)
+            if k.target_kl is not None
+            else ops.FixedKLController(k.kl_coef)
+        )
+        self.updates_per_step = self.policy_args.ppo_epochs * self.policy_args.num_minibatches
+        optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * self.updates_per_step)
+        self.optimizer = updates.build_optimizer(self.actor_critic, optim_args)
+        self.scheduler = updates.build_scheduler(
+            self.optimizer, optim_args, session.total_steps * self.updates_per_step
+        )
+        self.actor_critic, self.optimizer = self.accelerator.prepare(self.actor_critic, self.optimizer)
+        self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
+        self.bad_steps = 0
+        value = actor_critic.value_model
+        models = [self.policy, self.ref_model, value.backbone if value is not None else None]
+        self.pack_sequences = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
+        self.advantage_config = ops.AdvantageConfig(
+            gamma=self.adv_args.gamma,
+            lam=self.adv_args.lam,
+            group_size=self.adv_args.num_generations,
+            scale=self.adv_args.scale_rewards,
+        )
+
+    @property
+    def policy(self):
+        return self.accelerator.unwrap_model(self.actor_critic).policy
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.has_reference and not self.kl_args.kl_in_loss
+
+    def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedBatch | None:
+        """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded."""
+        if not self.pack_sequences:
+            return None
+        return pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id)
+
+    def reference_logprobs(self, input_ids, attention_mask, n_response: int, packed) -> torch.Tensor:
+        """``[B, T]`` log-probs under the frozen reference (LoRA: the policy with its adapters off)."""
+        temperature = self.gen.temperature
+        if self.ref_model is None:
+            with adapters_off(self.policy):
+                return response_logprobs(self.policy, input_ids, attention_mask, n_response, temperature, packed)
+        return response_logprobs(self.ref_model, input_ids, attention_mask, n_response, temperature, packed)
+
+    # ---- steps 1-6: experience -------------------------------------------------------------
+    @property
+    def reuses_first_pass(self) -> bool:
+        """One minibatch, no accumulation, no dropout: the first epoch's forward pass (with grad) is exactly
+        the rollout policy's forward, so it also yields the old log-probs and values (steps 3-4) and is not
+        run twice. Ratios are then exactly 1 in epoch 1, as the PPO math has them."""
+        return (
+            self.policy_args.num_minibatches == 1
+            and self.cfg.optim.gradient_accumulation_steps == 1
+            and self.policy_args.ppo_epochs > 0
+            and self.cfg.lora.lora_dropout == 0
+        )
+
+    @torch.no_grad()
+    def make_rollout(self, batch: PromptBatch) -> tuple[Rollout, tuple | None, dict]:
+        """Steps 1-6 for a batch of prompts, each already repeated G times (rows of a group contiguous).
+        Returns the rollout, the first epoch's forward outputs when they are reused (``reuses_first_pass``;
+        else None), and metrics of the step so far (timings, reward components, zero-std groups)."""
+        metrics: dict[str, float] = {}
+        step_start = phase_start = time.perf_counter()
+        # 1. Generate.
+        self.actor_critic.eval()
+        query_ids, query_mask, response_ids, response_mask, finished = generate(
+            self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
+        )
+        metrics["time/generate_s"] = time.perf_counter() - phase_start
+        # 2. Reward.
+        phase_start = time.perf_counter()
+        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
+        reward = self.rewards(RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows))
+        # With several processes, the rewards (and every member of a group) are gathered here, before any
+        # group or batch normalisation below.
+        scores, valid = reward.total.to(self.device).float(), reward.valid.to(self.device)
+        metrics.update(self.reward_metrics(reward))
+        metrics["time/score_s"] = time.perf_counter() - phase_start
+        # 3-4. Old log-probs and values (one pass), reference log-probs.
+        phase_start = time.perf_counter()
+        input_ids = torch.cat([query_ids, response_ids], 1)
+        attn = torch.cat([query_mask, response_mask], 1)
+        T = response_ids.shape[1]
+        first_pass = None
+        with self.accelerator.autocast():
+            packed = self.packed(input_ids, attn)
+            if self.reuses_first_pass:
+                self.actor_critic.train()
+                with torch.enable_grad():
+                    first_pass = self.actor_critic(input_ids, attn, T, self.gen.temperature, True, packed=packed)
+                logprobs, values = first_pass[0].detach(), _detach(first_pass[1])
+            else:
+                logprobs, values, _ = self.actor_critic(input_ids, attn, T, self.gen.temperature, packed=packed)
+            ref_logprobs = self.reference_logprobs(input_ids, attn, T, packed) if self.has_reference else None
+        mask = response_mask.float()
+        logprobs = logprobs * mask
+        ref_logprobs = ref_logprobs * mask if ref_logprobs is not None else None
+        values = values * mask if values is not None else None
+        metrics["time/forward_s"] = time.perf_counter() - phase_start
+        # 5. Per-token rewards: the reward at the last real token, minus beta*KL_t when the KL is in the reward.
+        G = self.adv_args.num_generations
+        if G > 1:
+            scores = fill_invalid_from_group(scores, valid, G)  # rows no reward applies to: the group mean
+        if self.kl_in_reward:
+            kl = ops.kl_penalty(logprobs, ref_logprobs, self.kl_args.kl_estimator) * mask
+            rewards = ops.per_token_rewards(scores, kl, mask, self.kl_ctl.value)
+        else:
+            rewards = ops.per_token_rewards(scores, torch.zeros_like(mask), mask, 0.0)
+        # 6. Advantages.
+        estimator = ops.get_advantage_estimator(self.adv_args.advantage)
+        advantages, returns = estimator(rewards, mask, self.advantage_config, values)
+        if self.adv_args.whiten_advantages and self.adv_args.advantage in CRITIC_ESTIMATORS:
+            advantages = ops.masked_whiten(advantages, mask) * mask
+        loss_mask = self.loss_mask(response_mask, finished, scores, valid, metrics)
+        advantages = advantages * valid.unsqueeze(1).to(advantages.dtype)  # no reward applies: advantage 0
+        rollout = Rollout(
+            query_ids,
+            query_mask,
+            response_ids,
+            response_mask,
+            loss_mask,
+            torch.tensor(batch.group_ids, device=self.device),
+            scores,
+            reward.score.to(self.device),
+            logprobs,
+            ref_logprobs,
+            values,
+            rewards,
+            advantages,
+            returns,
+        )
+        metrics["time/rollout_s"] = time.perf_counter() - step_start
+        return rollout, first_pass, metrics
+
+    def reward_metrics(self, reward) -> dict[str, float]:
+        """``reward/<name>`` of each component when there are several (mean where it applies), and the share
+        of completions no reward applied to."""
+        out: dict[str, float] = {}
+        if len(reward.components) > 1 or self.cfg.algorithm != "ppo":
+            for name, values in reward.components.items():
+                applies = ~torch.isnan(values)
+                out[f"reward/{name}"] = float(values[applies].mean()) if applies.any() else math.nan
+        if not bool(reward.valid.all()):
+            out["reward/unscored_fraction"] = float((~reward.valid).float().mean())
+        return out
+
+    def loss_mask(self, response_mask, finished, scores, valid, metrics: dict) -> torch.Tensor:
+        """``[B, T]`` the tokens that get a gradient: the response's, less the rows left out of the update
+        (no reward applies; cut off with --mask-truncated-completions; a zero-std group with
+        --drop-zero-std-groups). Also counts the zero-std groups into ``metrics``."""
+        keep = valid.clone()
+        if self.policy_args.mask_truncated_completions:
+            keep &= torch.tensor(finished, device=keep.device)
+        G = self.adv_args.num_generations
+        if G > 1 and self.adv_args.advantage in GROUP_ESTIMATORS:
+            groups = scores.view(-1, G)
+            flat = (groups.max(dim=1).values - groups.min(dim=1).values) == 0  # [B / G]
+            metrics["rollout/zero_std_groups"] = float(flat.sum())
+            if self.adv_args.drop_zero_std_groups:
+                keep &= ~flat.repeat_interleave(G)
+        if bool(keep.all()):
+            return response_mask
+        return response_mask * keep.unsqueeze(1).to(response_mask.dtype)
+
+    # ---- step 7: epochs over minibatches ---------------------------------------------------------
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A token loss ``[B, T]`` -> scalar by --loss-aggregation (token-mean: the masked mean)."""
+        mode = self.policy_args.loss_aggregation
+        if mode == "token-mean":
+            return ops.masked_mean(per_token, mask)
+        return ops.aggregate_loss(per_token, mask, mode, max_len=self.gen.max_new_tokens)
+
+    def loss(self, mb: Rollout, outputs: tuple | None = None) -> tuple[torch.Tensor, dict]:
+        """The loss of one (micro-)batch: L = L_clip + c1*L_V - c2*H (+ beta*KL in the loss) (+ c3*KL_ref).
+
+        ``outputs``: this batch's (log-probs, values, entropy) from a forward already run with grad."""
+        mask = mb.loss_mask.float()
+        if outputs is None:
+            input_ids, attn = mb.input_ids, mb.attention_mask
+            outputs = self.actor_critic(
+                input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn)
+            )
+        logprobs, values, entropy = outputs
+        p = self.policy_args
+        surrogate = ops.ppo_policy_loss_per_token if p.importance_ratio == "token" else ops.sequence_ratio_policy_loss
+        per_token, pg_stats = surrogate(
+            logprobs, mb.logprobs, mb.advantages, mask, p.clip_eps, clip_eps_high=p.clip_eps_high
+        )
+        pg_loss = self.aggregate(per_token, mask)
+        stats = {"loss/policy": pg_loss}
+        loss = pg_loss
+        if self.critic_args is not None:
+            vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.critic_args.value_clip)
+            loss = loss + self.critic_args.vf_coef * vf_loss
+            stats.update({"loss/value": vf_loss, "value/clipfrac": vf_stats["clipfrac"]})
+        ent = self.aggregate(entropy, mask)
+        loss = loss - p.entropy_coef * ent
+        if self.kl_args.kl_in_loss and self.has_reference:
+            kl_loss = self.aggregate(ops.kl_penalty(logprobs, mb.ref_logprobs, "k3"), mask)
+            loss = loss + self.kl_ctl.value * kl_loss
+            stats["loss/kl"] = kl_loss
+        if self.kl_args.kl_loss_coef > 0:
+            kl_ref = ops.masked_mean(ops.kl_penalty(logprobs, mb.ref_logprobs, "k3"), mask)
+            loss = loss + self.kl_args.kl_loss_coef * kl_ref
+        stats.update(
+            {
+                "loss/total": loss,
+                "policy/entropy": ent,
+                "policy/clipfrac": pg_stats["clipfrac"],
+                "policy/approx_kl": pg_stats["approx_kl"],
+            }
+        )
+        return loss, {k: float(v.detach()) for k, v in stats.items()}
+
+    def share(self, micro: Rollout, minibatch_mask: torch.Tensor) -> float:
+        """A micro-batch's share of its minibatch's loss, so that accumulation gives exactly the minibatch's
+        loss: by tokens for token-mean, by (non-empty) rows for the per-sequence aggregations. A value loss
+        (a token mean) under a per-sequence aggregation is weighted by rows too."""
+        if self.policy_args.loss_aggregation == "token-mean":
+            return float(micro.loss_mask.sum()) / max(float(minibatch_mask.sum()), 1.0)
+        if self.policy_args.loss_aggregation == "seq-mean-token-mean":
+            rows = float((micro.loss_mask.sum(dim=1) > 0).sum())
+            return rows / max(float((minibatch_mask.sum(dim=1) > 0).sum()), 1.0)
+        return micro.loss_mask.shape[0] / minibatch_mask.shape[0]
+
+    def train_epochs(self, rollout: Rollout, first_pass: tuple | None = None) -> dict:
+        """Epochs over shuffled minibatches. ``first_pass``: the whole rollout's forward outputs
+        (``reuses_first_pass``), which stand in for epoch 1's forward of its single minibatch."""
+        B = rollout.scores.shape[0]
+        mb_size = B // self.policy_args.num_minibatches
+        micro_size = mb_size // self.cfg.optim.gradient_accumulation_steps
+        sums: dict[str, float] = {}
+        n = 0
+        self.actor_critic.train()
+        for epoch in range(self.policy_args.ppo_epochs):
+            order = torch.randperm(B, generator=self.shuffle)
+            reuse = epoch == 0 and first_pass is not None
+            for start in range(0, B, mb_size):
+                mb_index = order[start : start + mb_size]
+                mb_mask = rollout.loss_mask[mb_index]
+                micro = [
+                    rollout.select(mb_index[i : i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)
+                ]
+
+                def loss_fn(mb: Rollout):
+                    outputs = (
+                        tuple(_select(o, mb_index) for o in first_pass) if reuse else None
+                    )  # rows in minibatch order
+                    loss, stats = self.loss(mb, outputs)
+                    share = self.share(mb, mb_mask)
+                    return loss * share, {k: v * share for k, v in stats.items()}
+
+                stats = updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn)
+                if not math.isfinite(stats["loss/total"]):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    return {"non_finite": 1.0}
+                stats["grad_norm"] = updates.step(
+                    self.accelerator, self.actor_critic, self.optimizer, self.scheduler, self.cfg.optim.max_grad_norm
+                )
+                for key, value in stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                n += 1
+        return {k: v / n for k, v in sums.items()}
+
+    def step(self, batch: PromptBatch) -> dict:
+        """Steps 1-8 on one batch of prompts (repeated G times); returns the step's metrics (with the rollout
+        under ``"_rollout"``), or {} when a non-finite reward or loss made the step skip its update."""
+        step_start = time.perf_counter()
+        rollout, first_pass, metrics = self.make_rollout(batch)
+        if not torch.isfinite(rollout.rewards).all() or not torch.isfinite(rollout.advantages).all():
+            return self._skip("reward")
+        phase_start = time.perf_counter()
+        train_stats = self.train_epochs(rollout, first_pass)
+        del first_pass
+        if "non_finite" in train_stats:
+            return self._skip("loss")
+        self.bad_steps = 0
+        metrics["time/update_s"] = time.perf_counter() - phase_start
+        # 8. Control and log.
+        metrics = {**rollout_metrics(rollout, self.kl_ctl.value), **metrics}
+        if self.has_reference:
+            self.kl_ctl.update(metrics["kl/ref"], n_steps=rollout.scores.shape[0])
+        metrics.update(train_stats)
+        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics["time/step_s"] = time.perf_counter() - step_start
+        metrics["_rollout"] = rollout
+        return metrics
+
+    def _skip(self, what: str) -> dict:
+        self.bad_steps += 1
+        self.session.logger.write(f"warning: non-finite {what}; this update was skipped")
+        if self.bad_steps >= MAX_BAD_UPDATES:
+            raise UserError(
+                f"{self.cfg.algorithm}: {MAX_BAD_UPDATES} non-finite updates in a row; stopping "
+                "(try a lower --learning-rate, --reward-clip, or check the rewards)"
+            )
+        return {}
+
+    def refresh_reference(self) -> None:
+        """Copy the current policy into the frozen reference (an optional step of the loop: the KL penalty then
+        measures the drift from a recent policy rather than from the start)."""
+        self.ref_model.load_state_dict(self.policy.state_dict())
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def checkpoint_models(self) -> dict:
+        models = {"actor_critic": self.actor_critic}
+        if self.kl_args.ref_update_steps and self.ref_model is not None:
+            models["reference"] = self.ref_model
+        return models
+
+    def state_dict(self, stream: IndexStream) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "kl_controller": self.kl_ctl.state_dict(),
+            "stream": stream.state_dict(),
+            "shuffle": self.shuffle.get_state(),
+        }
+
+    def load_state_dict(self, state: dict, stream: IndexStream) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.kl_ctl.load_state_dict(state["kl_controller"])
+        stream.load_state_dict(state["stream"])
+        self.shuffle.set_state(state["shuffle"])
+
+
+class PromptBatch:
+    """One step's prompts, each repeated G times (``--num-generations``) so a group's rows are contiguous.
+
+    prompts, prompt_ids: ``[B]`` prompt (text or messages) and its token ids; rows: the 0-based data row of
+    each; columns: the rows' other fields as lists aligned with ``prompts``; group_ids: ``[B]`` the group of
+    each row (rows ``[k*G, (k+1)*G)`` form group ``k``)."""
+
+    def __init__(self, examples: list, prompt_ids: list[list[int]], index: list[int], group_size: int):
+        self.rows = [i for i in index for _ in range(group_size)]
+        self.prompts = [examples[i].prompt for i in self.rows]
+        self.prompt_ids = [prompt_ids[i] for i in self.rows]
+        names = list(dict.fromkeys(k for i in index for k in examples[i].extra))
+        self.columns = {name: [examples[i].extra.get(name) for i in self.rows] for name in names}
+        self.group_ids = [k for k in range(len(index)) for _ in range(group_size)]
+
+
+def fill_invalid_from_group(scores: torch.Tensor, valid: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[B]`` scores with each row that no reward applies to replaced by its group's mean over the rows one
+    applies to (0 when none does), so it moves no baseline; its advantage is then set to 0."""
+    if bool(valid.all()):
+        return scores
+    groups, ok = scores.view(-1, group_size), valid.view(-1, group_size).to(scores.dtype)
+    means = (groups * ok).sum(dim=1, keepdim=True) / ok.sum(dim=1, keepdim=True).clamp(min=1)
+    return torch.where(ok.bool(), groups, means).view(-1)
+
+
+def _detach(x: torch.Tensor | None) -> torch.Tensor | None:
+    return x.detach() if x is not None else None
+
+
+def _select(x: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+    return x[index.to(x.device)] if x is not None else None
+
+
+def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Module | None]:
+    """Policy (+LoRA), the value function when the estimator needs one, and the frozen reference: a copy of
+    the starting policy, or None (LoRA: the backbone with adapters off; or no KL term needs a reference)."""
+    policy = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
+    disable_dropout(policy)
+    ref_model = None
+    if cfg.lora.lora_r > 0:
+        policy = apply_lora(policy, cfg.lora)
+    elif cfg.needs_reference:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = getattr(cfg, "critic", None) if cfg.needs_critic else None
+    value_model = None
+    if critic is not None and critic.value_model:
+        vm = load_reward_model(critic.value_model, cfg.model.trust_remote_code)
+        disable_dropout(vm)
+        value_model = SeparateValueModel(vm)
+    return ActorCritic(policy, value_model, critic=cfg.needs_critic), ref_model
+
+
+def train(cfg: OnlineConfig, scorer=None) -> dict:
+    """Run the online-RL algorithm ``cfg`` configures (``PPOConfig``, ``GRPOConfig``, ``RLOOConfig``).
+    ``scorer`` replaces the reward model (any object with RewardScorer's ``score(prompts, responses,
+    finished=...)``, ``stats`` and ``conservative_k``), e.g. a known function in tests."""
+    name = f"rlhfkit {cfg.algorithm}"
+    # 1. Validate the prompts and the rewards before anything heavy.
+    examples = load_examples(cfg.data.data, "prompt", name)
+    eval_examples = load_examples(cfg.data.eval_data, "prompt", name) if cfg.data.eval_data else []
+    G = cfg.advantage.num_generations
+    prompts_per_step = cfg.optim.batch_size // G
+    if len(examples) < prompts_per_step:
+        raise UserError(
+            f"{cfg.data.data}: {len(examples)} prompts, fewer than the {prompts_per_step} a step takes "
+            f"(--batch-size {cfg.optim.batch_size} / --num-generations {G})"
+        )
+    gold = GoldEvaluator.create(cfg.monitor.gold_judge, eval_examples)
+    rewards = build_rewards(cfg.reward, cfg.data.data)  # reward functions, checked now; the model comes later
+
+    # 2. The roles.
+    tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    actor_critic, ref_model = build_models(cfg, tokenizer)
+    prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
+
+    # 3. Session, trainer, resume.
+    steps = (
+        cfg.optim.max_steps
+        if cfg.optim.max_steps > 0
+        else updates.total_steps(cfg.optim, len(examples), prompts_per_step)
+    )
+    session = open_session(cfg, cfg.run, steps, desc=cfg.algorithm)
+    if scorer is None and cfg.reward.reward_model:
+        scorer = RewardScorer.load(
+            cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
+        )
+    rewards = build_rewards(cfg.reward, cfg.data.data, scorer) if scorer is not None else rewards
+    if ref_model is not None:
+        ref_model.to(session.device)
+    trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session)
+    stream = IndexStream(len(examples), cfg.run.seed)
+    resumed = session.restore(trainer.checkpoint_models()) if cfg.run.resume else None
+    if resumed is not None:
+        trainer.load_state_dict(resumed, stream)
+    samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
+    monitor = HackingMonitor(session.logger)
+    if resumed is not None:
+        monitor.load_state_dict(resumed["monitor"])
+
+    # 4. The loop: one step per batch of prompts.
+    metrics: dict = {}
+    for step in range(session.start_step + 1, steps + 1):
+        batch = PromptBatch(examples, prompt_ids, stream.take(prompts_per_step), G)
+        metrics = trainer.step(batch)
+        rollout = metrics.pop("_rollout", None)
+        if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
+            metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+        if rollout is not None:
+            texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
+        if session.log_due(step, cfg.run, metrics):
+            session.logger.log(step, metrics)
+        if rollout is not None and (step % cfg.monitor.sample_steps == 0 or step == steps):
+            samples.write(step, batch.prompts, rollout, tokenizer)
+        if cfg.kl.ref_update_steps and step % cfg.kl.ref_update_steps == 0:
+            trainer.refresh_reference()
+        if session.save_due(step, cfg.run):
+            state = {**trainer.state_dict(stream), "monitor": monitor.state_dict()}
+            session.save(step, trainer.checkpoint_models(), state)
+        session.logger.advance()
+
+    # 5. Final policy in Hugging Face format; a value head stays in checkpoints/.
+    session.finish(trainer.policy, tokenizer)
+    return metrics

@@ -111,7 +111,10 @@ def run(cfg: DemoConfig) -> dict:
         f"--gold-judge support {settings['ppo']} {common}"
     )
     stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
-    stages.run("PPO without KL (beta = 0)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true"))
+    stages.run(
+        "PPO without KL (beta = 0)",
+        lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true"),
+    )
     stages.run(
         "DPO",
         lambda: _run(

@@ -8,7 +8,7 @@ The command line is ``rlhfkit COMMAND``; the same commands are Python functions 
 See ``rlhfkit.api`` for what they take and return.
 """
 
-from rlhfkit.api import Result, demo, dpo, evaluate, generate, init_model, ppo, rm, score, sft
+from rlhfkit.api import Result, demo, dpo, evaluate, generate, grpo, init_model, ppo, rloo, rm, score, sft
 from rlhfkit.errors import UserError
 
 __version__ = "0.1.0"
@@ -20,8 +20,10 @@ __all__ = [
     "dpo",
     "evaluate",
     "generate",
+    "grpo",
     "init_model",
     "ppo",
+    "rloo",
     "rm",
     "score",
     "sft",

@@ -132,9 +132,34 @@ def rm(config=None, /, **options: Any) -> Result:
 
 
 def ppo(config=None, /, **options: Any) -> Result:
-    """PPO against a reward model with a KL penalty (``rlhfkit ppo``): ``model``, ``reward_model``, ``data``
-    (prompts), ``output_dir`` required; e.g. ``kl_coef``, ``target_kl``, ``max_new_tokens``, ``lora_r``."""
-    return _train("ppo", config, options)
+    """PPO against a reward model with a KL penalty (``rlhfkit ppo``): ``model``, ``reward_model`` (or
+    ``reward_fns``), ``data`` (prompts), ``output_dir`` required; e.g. ``kl_coef``, ``target_kl``,
+    ``max_new_tokens``, ``lora_r``."""
+    return _train("ppo", config, _reward_aliases(options))
+
+
+def grpo(config=None, /, **options: Any) -> Result:
+    """GRPO (``rlhfkit grpo``): ``model``, ``data`` (prompt rows; their other columns reach the reward
+    functions), ``output_dir`` required, and rewards: ``reward_fns=[f, g]`` (Python callables with TRL's
+    signature, or ``"FILE.py:NAME"`` strings), ``reward_weights=[1.0, 0.5]``, and/or ``reward_model``."""
+    return _train("grpo", config, _reward_aliases(options))
+
+
+def rloo(config=None, /, **options: Any) -> Result:
+    """RLOO (``rlhfkit rloo``): as ``grpo``, with the leave-one-out baseline."""
+    return _train("rloo", config, _reward_aliases(options))
+
+
+def _reward_aliases(options: dict[str, Any]) -> dict[str, Any]:
+    """``reward_fns`` is the Python spelling of the repeatable ``--reward-fn``; one callable may stand alone."""
+    out = dict(options)
+    if "reward_fns" in out:
+        if "reward_fn" in out:
+            raise UserError("give reward_fns or reward_fn, not both")
+        out["reward_fn"] = out.pop("reward_fns")
+    if callable(out.get("reward_fn")):
+        out["reward_fn"] = [out["reward_fn"]]
+    return out
 
 
 def dpo(config=None, /, **options: Any) -> Result:

@@ -184,6 +184,9 @@ class DemoConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     output_dir: str = "runs/demo"
     """Where the data, every stage's model, report.md, summary.json and the plots go."""
+    task: Literal["support", "arithmetic"] = "support"
+    """support: customer-support replies, SFT -> reward model -> PPO (with and without KL) -> DPO, judged by a hidden
+    gold judge; arithmetic: sums with a checkable answer, SFT -> GRPO on the exact-answer reward."""
     seed: int = options.seed(0)
     arch: Literal["gpt2", "llama"] = "gpt2"
     """Architecture of the small model the demo trains."""

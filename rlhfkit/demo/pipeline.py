@@ -1,5 +1,7 @@
 """`rlhfkit demo`: init-model -> SFT -> reward model -> PPO (KL on) -> PPO (beta = 0) -> DPO -> evaluation.
 
+(``--task arithmetic`` runs ``rlhfkit.demo.arithmetic`` instead: SFT -> GRPO on a checkable reward.)
+
 Every stage runs the same code as its CLI command (configs built from flags, so each stage's
 ``config.yaml`` can be replayed with ``rlhfkit COMMAND --config``). The gold judge of the task is used
 only to evaluate, never to train.
@@ -65,6 +67,10 @@ class Stages:
 
 
 def run(cfg: DemoConfig) -> dict:
+    if cfg.task == "arithmetic":
+        from rlhfkit.demo import arithmetic
+
+        return arithmetic.run(cfg)
     import torch
 
     from rlhfkit.config.parts import GenerationArgs

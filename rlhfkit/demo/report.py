@@ -101,6 +101,11 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
         "",
         "![proxy vs gold](proxy_vs_gold.png)",
         "",
+        "The gold judge is also a reward function (`rlhfkit grpo --reward-fn support`), but optimising it "
+        "directly is a different experiment: no learned reward model stands between the policy and the judge, "
+        "so there is no proxy to over-optimise. That measures an optimiser on a known reward; RLHF is about "
+        "what survives when human preferences are first learned by a reward model and then optimised.",
+        "",
         "## Sample replies (same held-out prompts)",
         "",
     ]

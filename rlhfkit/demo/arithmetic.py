@@ -1,0 +1,162 @@
+"""`rlhfkit demo --task arithmetic`: RL with a reward a program can check.
+
+init-model -> a short SFT on a little data (the policy learns the format and some answers) -> GRPO with the
+exact-answer reward (plus a small format reward) -> accuracy on held-out problems before and after, the
+reward curve, and a report. No reward model: the reward is the answer check itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rlhfkit.config.commands import DemoConfig
+
+# Stage settings for a ~0.2M-parameter GPT-2 on 2 CPU cores.
+SETTINGS = {
+    "sft": "--max-steps 150 --learning-rate 3e-3 --batch-size 16 --warmup-steps 10 --lr-scheduler cosine",
+    "grpo": (
+        "--max-steps 120 --learning-rate 2e-3 --batch-size 64 --num-generations 8 --max-new-tokens 6 "
+        "--temperature 1.0 --kl-coef 0.0 --gold-steps 20 --sample-steps 20"
+    ),
+}
+QUICK = {"sft": "--max-steps 4 --batch-size 8", "grpo": "--max-steps 2 --batch-size 16 --num-generations 4"}
+EVAL_SAMPLES_PER_PROMPT = 4
+
+
+def run(cfg: DemoConfig) -> dict:
+    import torch
+
+    from rlhfkit.cli.main import run_command
+    from rlhfkit.config.parts import GenerationArgs
+    from rlhfkit.data.schema import load_examples
+    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.inference.evaluate import evaluate_policy
+    from rlhfkit.tasks import get_judge
+    from rlhfkit.tasks.arithmetic import write_task_data
+
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = QUICK if cfg.quick else SETTINGS
+    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
+    start = time.perf_counter()
+    stages = Stages(total=5)
+
+    data = {k: str(v) for k, v in stages.run("task data", lambda: write_task_data(out / "data", seed=cfg.seed)).items()}
+    stages.run(
+        "init-model",
+        lambda: run_command(
+            "init-model",
+            f"--corpus {data['corpus']} --output-dir {out}/base --arch {cfg.arch} --size {cfg.size} "
+            f"--seed {cfg.seed}".split(),
+        ),
+    )
+    stages.run(
+        "SFT",
+        lambda: run_command(
+            "sft",
+            f"--model {out}/base --data {data['sft']} --eval-data {data['sft_eval']} --output-dir {out}/sft "
+            f"{settings['sft']} {common}".split(),
+        ),
+    )
+    stages.run(
+        "GRPO (exact-answer reward)",
+        lambda: run_command(
+            "grpo",
+            f"--model {out}/sft --data {data['prompts_train']} --eval-data {data['prompts_eval']} "
+            f"--reward-fn arithmetic:exact_answer --reward-fn arithmetic:format --reward-weights 1,0.1 "
+            f"--gold-judge arithmetic --output-dir {out}/grpo {settings['grpo']} {common}".split(),
+        ),
+    )
+
+    def evaluate_both() -> dict:
+        prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]
+        prompts = prompts * (1 if cfg.quick else EVAL_SAMPLES_PER_PROMPT)
+        gen = GenerationArgs(max_new_tokens=6, temperature=1.0)
+        results = {}
+        for name in ("sft", "grpo"):
+            metrics, rows = evaluate_policy(
+                str(out / name), prompts, gen, reference=str(out / "sft"), judge=get_judge("arithmetic"), seed=cfg.seed
+            )
+            results[name] = {"metrics": metrics, "samples": rows}
+        return results
+
+    results = stages.run("evaluation on held-out problems", evaluate_both)
+    return write_report(out, results, stages.seconds, time.perf_counter() - start)
+
+
+def _metrics(path: Path) -> list[dict]:
+    f = path / "metrics.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line] if f.exists() else []
+
+
+def plot(out: Path) -> str:
+    """grpo_curves.png: the exact-answer reward of the training completions, and held-out accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _metrics(out / "grpo")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, title in zip(
+        axes,
+        ("reward/arithmetic_exact_answer", "reward/gold"),
+        ("exact-answer reward (training completions)", "accuracy on held-out problems"),
+    ):
+        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if key == "reward/gold" else None)
+        ax.set_title(title)
+        ax.set_xlabel("GRPO step")
+        ax.set_ylim(0, 1)
+    fig.tight_layout()
+    fig.savefig(out / "grpo_curves.png", dpi=110)
+    plt.close(fig)
+    return "grpo_curves.png"
+
+
+def write_report(out: Path, results: dict, stage_seconds: dict, seconds: float) -> dict:
+    before, after = (results[n]["metrics"] for n in ("sft", "grpo"))
+    summary = {
+        "accuracy/sft": before.get("reward/gold"),
+        "accuracy/grpo": after.get("reward/gold"),
+        "kl/grpo": after.get("kl/ref"),
+        "length/sft": before.get("response/tokens"),
+        "length/grpo": after.get("response/tokens"),
+        "seconds": seconds,
+        "stage_seconds": stage_seconds,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary["plots"] = [plot(out)]
+    n = int(before.get("n", 0))
+    lines = [
+        "# rlhfkit demo: arithmetic with a checkable reward",
+        "",
+        f"A {n}-sample test of a tiny GPT-2 on held-out sums and differences, before and after GRPO. The reward "
+        "is a program, not a model: 1 for the exact answer (0.1 more for a well-formed reply). Accuracy went from "
+        f"**{before['reward/gold']:.3f}** after SFT to **{after['reward/gold']:.3f}** after GRPO "
+        f"(whole pipeline: {seconds / 60:.1f} minutes).",
+        "",
+        "| policy | accuracy (held-out) | KL to SFT | reply length (tokens) |",
+        "|---|---|---|---|",
+        f"| SFT | {before['reward/gold']:.3f} | — | {before['response/tokens']:.1f} |",
+        f"| GRPO | {after['reward/gold']:.3f} | {after.get('kl/ref', float('nan')):.2f} | "
+        f"{after['response/tokens']:.1f} |",
+        "",
+        "![GRPO curves](grpo_curves.png)",
+        "",
+        "## Sample replies (same held-out problems)",
+        "",
+        "| problem | SFT | GRPO |",
+        "|---|---|---|",
+    ]
+    for a, b in list(zip(results["sft"]["samples"], results["grpo"]["samples"]))[:10]:
+        prompt = " ".join(str(a["prompt"]).split())
+        lines.append(f"| `{prompt}` | `{a['response'].strip()}` ({a['gold']:.0f}) | `{b['response'].strip()}` "
+                     f"({b['gold']:.0f}) |")  # fmt: skip
+    lines += ["", "## Stage times", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {k} | {v:.0f} |" for k, v in stage_seconds.items()]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return summary

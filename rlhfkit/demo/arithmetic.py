@@ -26,33 +26,18 @@ EVAL_SAMPLES_PER_PROMPT = 4
 
 
 def run(cfg: DemoConfig) -> dict:
-    import torch
-
     from rlhfkit.cli.main import run_command
     from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.data.schema import load_examples
-    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.demo.pipeline import begin
     from rlhfkit.inference.evaluate import evaluate_policy
     from rlhfkit.tasks import get_judge
     from rlhfkit.tasks.arithmetic import write_task_data
 
-    torch.set_num_threads(cfg.threads)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     settings = QUICK if cfg.quick else SETTINGS
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
     start = time.perf_counter()
-    stages = Stages(total=5)
-
-    data = {k: str(v) for k, v in stages.run("task data", lambda: write_task_data(out / "data", seed=cfg.seed)).items()}
-    stages.run(
-        "init-model",
-        lambda: run_command(
-            "init-model",
-            f"--corpus {data['corpus']} --output-dir {out}/base --arch {cfg.arch} --size {cfg.size} "
-            f"--seed {cfg.seed}".split(),
-        ),
-    )
+    out, data, stages = begin(cfg, write_task_data, total=5)
+    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
     stages.run(
         "SFT",
         lambda: run_command(

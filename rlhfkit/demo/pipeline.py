@@ -66,27 +66,15 @@ class Stages:
         return result
 
 
-def run(cfg: DemoConfig) -> dict:
-    if cfg.task == "arithmetic":
-        from rlhfkit.demo import arithmetic
-
-        return arithmetic.run(cfg)
+def begin(cfg: DemoConfig, write_task_data, total: int) -> tuple[Path, dict[str, str], Stages]:
+    """The stages every demo starts with: the task's data files and a small model with a tokenizer trained on
+    the task's corpus. Returns (output dir, {data file name: path}, the stage runner)."""
     import torch
-
-    from rlhfkit.config.parts import GenerationArgs
-    from rlhfkit.demo.report import write_report
-    from rlhfkit.inference.evaluate import evaluate_policy
-    from rlhfkit.tasks import get_judge
-    from rlhfkit.tasks.support import label_noise_ceiling, write_task_data
 
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    settings = QUICK if cfg.quick else SETTINGS
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
-    start = time.perf_counter()
-    stages = Stages(total=8)
-
+    stages = Stages(total=total)
     files = stages.run("task data", lambda: write_task_data(out / "data", seed=cfg.seed))
     data = {k: str(v) for k, v in files.items()}
     stages.run(
@@ -96,6 +84,24 @@ def run(cfg: DemoConfig) -> dict:
             f"--corpus {data['corpus']} --output-dir {out}/base --arch {cfg.arch} --size {cfg.size} --seed {cfg.seed}",
         ),
     )
+    return out, data, stages
+
+
+def run(cfg: DemoConfig) -> dict:
+    if cfg.task == "arithmetic":
+        from rlhfkit.demo import arithmetic
+
+        return arithmetic.run(cfg)
+    from rlhfkit.config.parts import GenerationArgs
+    from rlhfkit.demo.report import write_report
+    from rlhfkit.inference.evaluate import evaluate_policy
+    from rlhfkit.tasks import get_judge
+    from rlhfkit.tasks.support import label_noise_ceiling, write_task_data
+
+    settings = QUICK if cfg.quick else SETTINGS
+    start = time.perf_counter()
+    out, data, stages = begin(cfg, write_task_data, total=8)
+    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
     stages.run(
         "SFT",
         lambda: _run(

@@ -15,10 +15,10 @@ from rlhfkit.config.commands import DemoConfig
 
 # Stage settings for a ~0.2M-parameter GPT-2 on 2 CPU cores.
 SETTINGS = {
-    "sft": "--max-steps 150 --learning-rate 3e-3 --batch-size 16 --warmup-steps 10 --lr-scheduler cosine",
+    "sft": "--max-steps 1200 --learning-rate 3e-3 --batch-size 16",
     "grpo": (
-        "--max-steps 120 --learning-rate 2e-3 --batch-size 64 --num-generations 8 --max-new-tokens 6 "
-        "--temperature 1.0 --kl-coef 0.0 --gold-steps 20 --sample-steps 20"
+        "--max-steps 600 --learning-rate 5e-4 --batch-size 64 --num-generations 8 --max-new-tokens 6 "
+        "--temperature 1.0 --kl-coef 0.0 --log-ref-kl true --gold-steps 50 --sample-steps 50"
     ),
 }
 QUICK = {"sft": "--max-steps 4 --batch-size 8", "grpo": "--max-steps 2 --batch-size 16 --num-generations 4"}

@@ -1,20 +1,26 @@
 """Built-in tasks: synthetic RLHF problems with a hidden gold judge.
 
 A task provides its data files (`write_data`), a tokenizer corpus and a gold judge
-`judge(prompt, reply) -> float` that the demo reports as `reward/gold` but the
-trainers never train on. Look tasks up by name:
+`judge(prompt, reply) -> float` that the demo reports as `reward/gold`. A task may
+also name reward functions with TRL's signature `(prompts, completions, **columns) ->
+list[float | None]` for critic-free RL: the support task's gold judge (a reward to
+train on only when the point is to optimise the gold itself), the arithmetic task's
+exact-answer and format checks. Look tasks up by name:
 
     from rlhfkit.tasks import get_judge, get_task
     judge = get_judge("support")
+    exact = get_task("arithmetic").reward_functions["exact_answer"]
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import support
+from . import arithmetic, support
+
+RewardFunction = Callable[..., list[float | None]]
 
 
 @dataclass(frozen=True)
@@ -22,10 +28,13 @@ class Task:
     """A built-in task.
 
     judge: hidden gold score of a reply to a prompt (prompt text, reply text) -> float.
-    write_data: `write_data(out_dir, seed=0) -> {name: path}`; names include sft,
-        sft_eval, prefs_train, prefs_eval, prompts_train, prompts_eval, corpus.
+    write_data: `write_data(out_dir, seed=0, sizes=None) -> {name: path}`; names include
+        sft, sft_eval, prompts_train, prompts_eval and corpus, plus prefs_train and
+        prefs_eval for a task with preference data.
     corpus_text: text to train the task's tokenizer on.
     score_range: (lowest, highest) gold score.
+    reward_functions: named rewards `fn(prompts, completions, **columns) -> list[float |
+        None]`, each column of the prompt data a keyword list aligned with the prompts.
     """
 
     name: str
@@ -34,6 +43,7 @@ class Task:
     write_data: Callable[..., dict[str, Path]]
     corpus_text: Callable[[], str]
     score_range: tuple[float, float]
+    reward_functions: dict[str, RewardFunction] = field(default_factory=dict)
 
 
 TASKS: dict[str, Task] = {
@@ -44,6 +54,16 @@ TASKS: dict[str, Task] = {
         write_data=support.write_task_data,
         corpus_text=support.corpus_text,
         score_range=(-3.0, 5.0),
+        reward_functions={"gold": support.gold_reward},
+    ),
+    "arithmetic": Task(
+        name="arithmetic",
+        description="small sums and differences with a checkable answer: a number, then stop",
+        judge=arithmetic.judge,
+        write_data=arithmetic.write_task_data,
+        corpus_text=arithmetic.corpus_text,
+        score_range=(0.0, 1.0),
+        reward_functions={"exact_answer": arithmetic.exact_answer, "format": arithmetic.format_reward},
     ),
 }
 
@@ -61,4 +81,4 @@ def get_judge(name: str) -> Callable[[str, str], float]:
     return get_task(name).judge
 
 
-__all__ = ["TASKS", "Task", "get_judge", "get_task"]
+__all__ = ["TASKS", "RewardFunction", "Task", "get_judge", "get_task"]

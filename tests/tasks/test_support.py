@@ -13,6 +13,7 @@ from rlhfkit.tasks.support import (
     CATEGORIES,
     corpus_text,
     gold_breakdown,
+    gold_reward,
     gold_score,
     ideal_reply,
     label_noise_ceiling,
@@ -150,6 +151,24 @@ def test_registry():
     assert TASKS["support"].judge is gold_score
     with pytest.raises(ValueError, match="support"):
         get_judge("chess")
+    assert TASKS["support"].reward_functions == {"gold": gold_reward}
+
+
+def test_gold_reward_is_the_judge_with_trl_signature():
+    prompts = [PROMPT] * 4 + ["Customer: I was charged twice for my blender.\nAgent:"]
+    completions = [IDEAL, GENERIC, WRONG_ACTION, None, IDEAL]
+    expected = [gold_score(p, c or "") for p, c in zip(prompts, completions)]
+    rewards = gold_reward(prompts, completions, completion_ids=[[1]] * 5, category=["x"] * 5)
+    assert rewards == expected
+    assert rewards[0] == SCORE_MAX and rewards[3] == SCORE_MIN  # None is an empty reply
+    chat_prompt = [
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "My blender arrived damaged."},
+    ]
+    chat_completion = [{"role": "assistant", "content": IDEAL.strip()}]
+    assert gold_reward([chat_prompt], [chat_completion]) == [SCORE_MAX]
+    with pytest.raises(ValueError, match="2 completions for 1 prompts"):
+        gold_reward([PROMPT], [IDEAL, IDEAL])
 
 
 # ---------------------------------------------------------------- data sets

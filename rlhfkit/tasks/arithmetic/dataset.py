@@ -1,8 +1,11 @@
 """Data sets of the arithmetic task: SFT demonstrations, prompts with their answers for RL,
 and the tokenizer corpus, written as JSONL files with TRL's field names.
 
-SFT rows hold the prompt and the completion; prompt rows carry an extra `answer` column
-that an RL trainer hands to the reward functions (`exact_answer(..., answer=[...])`).
+SFT rows hold the prompt and the completion. The demonstrations are of mixed quality
+(some answers off by one, some running on into another question), so a model trained on
+them answers correctly only part of the time and an exact-answer reward has something to
+improve. Prompt rows carry an extra `answer` column that an RL trainer hands to the
+reward functions (`exact_answer(..., answer=[...])`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from .problems import Problem, all_problems, make_problems
 # Share of SFT demonstrations whose answer is off by one: the SFT model learns this slip as
 # a habit on every problem, which leaves held-out accuracy below 100% for RL to raise.
 SLIP_RATE = 0.3
+# Share of SFT demonstrations that run on past the answer into another question and its
+# answer, as text copied from a worksheet would: the exact-answer reward counts these as
+# wrong, so stopping after the number is a habit RL can teach on every problem at once.
+RUN_ON_RATE = 0.3
 
 DEFAULT_SIZES = {
     "sft": 2000,
@@ -50,21 +57,33 @@ def slipped_answer(rng: random.Random, answer: int) -> int:
 
 
 def make_sft_rows(
-    seed: int = 0, n: int | None = None, split: str = "train", slip_rate: float | None = None
+    seed: int = 0,
+    n: int | None = None,
+    split: str = "train",
+    slip_rate: float | None = None,
+    run_on_rate: float | None = None,
 ) -> list[dict]:
     """Demonstrations `{"prompt", "completion"}` over a split's problems.
 
-    A `slip_rate` share of them (default SLIP_RATE) answers off by one. `n` defaults to
+    A `slip_rate` share of them (default SLIP_RATE) answers off by one, and independently a
+    `run_on_rate` share (default RUN_ON_RATE) goes on after the answer with another problem
+    of the split and its right answer (" 12\\nQ: 3+4=\\nA: 7"). `n` defaults to
     DEFAULT_SIZES["sft"] (train) or DEFAULT_SIZES["sft_eval"] (eval).
     """
     _check_split(split)
     n = DEFAULT_SIZES["sft" if split == "train" else "sft_eval"] if n is None else n
     slip_rate = SLIP_RATE if slip_rate is None else slip_rate
+    run_on_rate = RUN_ON_RATE if run_on_rate is None else run_on_rate
     rng = random.Random(f"arithmetic-sft-{split}-{seed}")
+    problems = make_problems(split)
     rows = []
     for p in _problem_cycle(rng, split, n):
         answer = slipped_answer(rng, p.answer) if rng.random() < slip_rate else p.answer
-        rows.append({"prompt": p.prompt, "completion": completion(answer)})
+        text = completion(answer)
+        if rng.random() < run_on_rate:
+            other = rng.choice(problems)
+            text += "\n" + other.prompt + completion(other.answer)
+        rows.append({"prompt": p.prompt, "completion": text})
     return rows
 
 
@@ -75,9 +94,13 @@ def make_prompt_rows(split: str) -> list[dict]:
 
 
 def corpus_text() -> str:
-    """Text to train the BPE tokenizer on: every problem with its answer, so each number and
-    symbol the prompts and completions use is seen in the positions it takes."""
-    return "".join(p.prompt + completion(p.answer) + "\n" for p in all_problems())
+    """Text to train the BPE tokenizer on: every problem with its right answer, then with
+    each off-by-one answer, so every number and symbol a prompt or demonstration holds is
+    seen in the position it takes (each answer " 12" becomes one token)."""
+    lines = [p.prompt + completion(p.answer) for p in all_problems()]
+    for p in all_problems():
+        lines.extend(p.prompt + completion(a) for a in (p.answer - 1, p.answer + 1) if a >= 0)
+    return "\n".join(lines) + "\n"
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -17,12 +17,14 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
-MAX_OPERAND = 9
+# 0..12 gives 260 problems: a held-out split of 52 to measure accuracy on, and a table
+# small enough that a ~0.2M-parameter model learns much of it in about a thousand SFT steps.
+MAX_OPERAND = 12
 OPERATORS = ("+", "-")
 EVAL_FRACTION = 0.2  # share of problems held out of SFT and RL, per operator
 
 # The last "Q: a+b=" in a text; spaces around the numbers and the operator are allowed.
-_PROBLEM = re.compile(r"Q:\s*(\d+)\s*([+-])\s*(\d+)\s*=")
+_PROBLEM = re.compile(r"Q:\s*([0-9]+)\s*([+-])\s*([0-9]+)\s*=")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from .problems import parse_prompt, prompt_text
 
-_NUMBER = re.compile(r"\s*(-?\d+)\s*")
-_LEADING_NUMBER = re.compile(r"\s*-?\d+")
+_NUMBER = re.compile(r"\s*(-?[0-9]+)\s*")
+_LEADING_NUMBER = re.compile(r"\s*-?[0-9]+")
 
 
 def completion_text(completion: str | list | None) -> str:

@@ -18,7 +18,7 @@ from .dataset import (
     make_sft_rows,
     write_task_data,
 )
-from .judge import GoldBreakdown, gold_breakdown, gold_score
+from .judge import GoldBreakdown, gold_breakdown, gold_reward, gold_score
 from .prompts import format_prompt, make_prompts, parse_prompt
 from .replies import ideal_reply, sample_reply
 
@@ -31,6 +31,7 @@ __all__ = [
     "corpus_text",
     "format_prompt",
     "gold_breakdown",
+    "gold_reward",
     "gold_score",
     "ideal_reply",
     "label_noise_ceiling",

@@ -7,6 +7,7 @@ prompt text and the reply, and recovers the category and product from the prompt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -161,3 +162,24 @@ def gold_score(prompt: str | list, reply: str) -> float:
     The best reply scores 5.0.
     """
     return gold_breakdown(prompt, reply).total
+
+
+def _reply_text(completion: str | list | None) -> str:
+    """A completion's text: a string as is, a chat's message contents joined, "" for None."""
+    if completion is None:
+        return ""
+    if isinstance(completion, list):
+        return "\n".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
+    return completion
+
+
+def gold_reward(prompts: Sequence, completions: Sequence, **kwargs) -> list[float]:
+    """`gold_score` of each completion to its prompt, as a reward function with TRL's signature
+    `(prompts, completions, **columns) -> list[float]`; extra keywords are ignored.
+
+    A prompt is a string or a chat (the judge reads its last user message); a completion is a
+    string, a chat (its message contents joined) or None (an empty reply, -3.0).
+    """
+    if len(completions) != len(prompts):
+        raise ValueError(f"gold_reward: {len(completions)} completions for {len(prompts)} prompts")
+    return [gold_score(p, _reply_text(c)) for p, c in zip(prompts, completions)]

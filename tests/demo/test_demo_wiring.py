@@ -91,3 +91,16 @@ def test_monitor_warns_on_length_repetition_and_gold_drop():
     out = mon.observe(3, ["we are sorry we are sorry we are sorry we are sorry we are sorry"] * 4, proxy=1.0, gold=0.2)
     assert any("gold score fell" in x for x in log.lines)
     assert out["monitor/warnings"] == 3.0
+
+
+def test_quick_arithmetic_demo_runs_sft_then_grpo_and_reports_accuracy(tmp_path):
+    out = tmp_path / "arith"
+    args = ["demo", "--task", "arithmetic", "--output-dir", str(out), "--quick", "--progress", "false"]
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0.0 <= summary["accuracy/sft"] <= 1.0 and 0.0 <= summary["accuracy/grpo"] <= 1.0
+    report = (out / "report.md").read_text()
+    assert report.startswith("# rlhfkit demo: arithmetic") and "| GRPO |" in report
+    assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
+    rows = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert "reward/arithmetic_exact_answer" in rows[-1] and "reward/gold" in rows[-1]

@@ -1,10 +1,11 @@
-"""Signs of reward hacking during PPO: verbosity, repetition, and the proxy score rising while the gold score falls.
+"""Signs of reward hacking in online RL: verbosity, repetition, and the proxy rising while the gold score falls.
 
 The first rollout comes from the starting policy (= the reference), so its length and repetition are
 the baseline. A warning is printed (and counted in ``monitor/warnings``) when:
 - mean response length drifts beyond ``length_ratio`` x the baseline (or below 1/ratio);
 - within-response bigram repetition rises more than ``repetition_delta`` above the baseline;
-- the proxy (reward-model) score rose while the gold score fell over the last ``window`` gold checks.
+- the training reward (the proxy: a reward model's score, or the reward functions' total) rose while the
+  gold score fell over the last ``window`` gold checks.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class HackingMonitor:
                     "gold",
                     p1 > p0 and g1 < g0,
                     step,
-                    f"reward-model score rose {p0:.3f} -> {p1:.3f} while the gold score fell {g0:.3f} -> {g1:.3f}",
+                    f"training reward rose {p0:.3f} -> {p1:.3f} while the gold score fell {g0:.3f} -> {g1:.3f}",
                 )
         out["monitor/warnings"] = float(self.warnings)
         return out

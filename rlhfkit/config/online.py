@@ -206,7 +206,9 @@ class OnlineConfig:
 
 @dataclass
 class PPOConfig(OnlineConfig):
-    """PPO with a value function (GAE advantages) against a reward model, KL penalty in the reward."""
+    """PPO (Schulman et al. 2017) for RLHF (Ziegler et al. 2019; Ouyang et al. 2022): a value function and GAE
+    advantages, the per-token KL penalty to the reference in the reward, 4 epochs of clipped updates per batch.
+    --advantage grpo|rloo|reinforce_pp|reinforce_pp_baseline uses a critic-free estimator instead."""
 
     algorithm: ClassVar[str] = "ppo"
     critic: CriticArgs = field(default_factory=CriticArgs)
@@ -231,8 +233,11 @@ def _critic_free_check(config: OnlineConfig) -> None:
 
 @dataclass
 class GRPOConfig(OnlineConfig):
-    """GRPO (Shao et al. 2024): G completions per prompt, A = (r - group mean) / group std, no critic; the KL
-    to the reference is a k3 term in the loss; one update per batch; every completion weighs the same."""
+    """GRPO (Shao et al. 2024, DeepSeekMath): G completions per prompt, A = (r - group mean) / group std, no
+    critic. Defaults from the paper: G = 8, the KL to the reference as a k3 term in the loss with beta = 0.04,
+    one update per batch (ratio clip 0.2), every completion weighing the same (seq-mean-token-mean), a small
+    learning rate. Dr. GRPO (Liu et al. 2025): --scale-rewards none --loss-aggregation seq-mean-token-sum-norm;
+    DAPO's clip-higher (Yu et al. 2025): --clip-eps-high 0.28."""
 
     algorithm: ClassVar[str] = "grpo"
     policy: PolicyLossArgs = field(
@@ -251,8 +256,9 @@ class GRPOConfig(OnlineConfig):
 
 @dataclass
 class RLOOConfig(OnlineConfig):
-    """RLOO (Ahmadian et al. 2024): G completions per prompt, A = r - mean of the other completions, no critic;
-    the KL penalty in the reward; one update per batch with one importance ratio per completion."""
+    """RLOO (Ahmadian et al. 2024): G completions per prompt, A = r - mean of the other completions, no critic.
+    Defaults from the paper: G = 4, the KL penalty (beta = 0.05) in the reward, one update per batch with one
+    importance ratio per completion (the REINFORCE gradient of the whole completion), a small learning rate."""
 
     algorithm: ClassVar[str] = "rloo"
     policy: PolicyLossArgs = field(

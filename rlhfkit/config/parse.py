@@ -214,9 +214,18 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
     return parser
 
 
+def _description(config_cls: type, summary: str) -> str:
+    """The command's summary, and the config class's own docstring (its algorithm and defaults) when it has one
+    (a dataclass without one gets its signature as ``__doc__``, which is left out)."""
+    doc = " ".join((config_cls.__doc__ or "").split())
+    if not doc or doc.startswith(f"{config_cls.__name__}("):
+        return summary
+    return f"{summary}\n\n" + textwrap.fill(doc, 100, break_on_hyphens=False)
+
+
 def parse_config(prog: str, config_cls: type, argv: list[str], description: str = "") -> tuple[Any, bool]:
     """Parse ``argv`` into a ``config_cls`` instance; returns (config, debug). Bad input raises UserError."""
-    parser = build_parser(prog, config_cls(), description)
+    parser = build_parser(prog, config_cls(), _description(config_cls, description))
 
     def fail(message: str):  # argparse prints usage and exits 2; we want our one-line error
         raise UserError(f"{prog}: {message} (see {prog} --help)")

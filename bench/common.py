@@ -1,7 +1,8 @@
-"""What bench/ppo_vs_trl.py and bench/profile_ppo.py share: the PPO settings both frameworks run with, the
-benchmark's models (made once per size and cached in the work directory: `rlhfkit init-model` on the support
-task's corpus -> short `rlhfkit sft` -> `rlhfkit rm`), `rlhfkit ppo`'s flags for those settings, and running a
-subprocess with its peak RSS measured."""
+"""What bench/ppo_vs_trl.py, bench/grpo_vs_trl.py and bench/profile_ppo.py share: the PPO settings both
+frameworks run with, the benchmark's models (made once per size and cached in the work directory: `rlhfkit
+init-model` on the support task's corpus -> short `rlhfkit sft` -> `rlhfkit rm`), `rlhfkit ppo`'s flags for
+those settings, running a subprocess with its peak RSS and CPU time measured, the machine's CPU use by
+everything else, and the step-time and mean ± std helpers of the tables."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ ROOT = BENCH.parent
 PYTHON = sys.executable
 TRL_VENV = BENCH / ".venv-trl"
 TRL_PYTHON = TRL_VENV / "bin" / "python"
+TRL_GRPO_VENV = BENCH / ".venv-trl-grpo"  # a newer TRL for GRPO (bench/setup_trl_grpo_env.sh)
+TRL_GRPO_PYTHON = TRL_GRPO_VENV / "bin" / "python"
 
 # The shared PPO settings (TRL name in trl_runner.py; rlhfkit flag below).
 SETTINGS = dict(
@@ -55,17 +58,19 @@ class Measured:
     wall_s: float
     peak_rss_mb: float
     log: Path
+    cpu_s: float = 0.0  # user + system CPU time of the child
 
 
 def run_measured(cmd: list[str], log: Path, env: dict | None = None) -> Measured:
-    """Run ``cmd`` with output to ``log``; its peak RSS comes from ``os.wait4`` (this child only)."""
+    """Run ``cmd`` with output to ``log``; its peak RSS and CPU time come from ``os.wait4`` (this child only)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with log.open("w") as handle:
         proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return Measured(proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024, log)
+    cpu_s = usage.ru_utime + usage.ru_stime
+    return Measured(proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 1024, log, cpu_s)
 
 
 def check(m: Measured, what: str) -> None:
@@ -102,6 +107,65 @@ class LoadSampler(threading.Thread):
             "min": round(min(xs), 2),
             "samples": len(xs),
         }
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds spent so far by every process on the machine (``/proc/stat``: all but idle and iowait);
+    the difference over a run, less the run's own ``cpu_s``, is what other work took meanwhile."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(seconds: float = 5.0) -> float | None:
+    """Cores busy on average over the next ``seconds`` (everything running now, as a load-average-like number
+    that our own finished runs do not inflate, unlike the 1-minute load average)."""
+    start = machine_busy_s()
+    time.sleep(seconds)
+    end = machine_busy_s()
+    return None if start is None or end is None else round((end - start) / seconds, 2)
+
+
+def rss_comparable(imp: dict) -> str | None:
+    """A warning when ``import torch`` costs the two environments different RSS (``torch_rlhfkit`` and
+    ``torch_trl`` in ``imp``, peak RSS in MB of a process that only imports torch; see ppo_vs_trl.import_rss)."""
+    a, b = imp.get("torch_rlhfkit"), imp.get("torch_trl")
+    if a is None or b is None or abs(a - b) <= 10:
+        return None
+    return (
+        f"warning: `import torch` alone takes {a:.0f} MB in rlhfkit's environment and {b:.0f} MB in TRL's; peak RSS "
+        "is not comparable (file pages of a just-written environment). Drop the page cache "
+        "(`sync; echo 3 > /proc/sys/vm/drop_caches` as root) or reuse older environments, and run again."
+    )
+
+
+def step_stats(result: dict) -> dict:
+    """Median step time and tokens/s over steps 2..N (the first, warm-up step is excluded)."""
+    ends = result["step_ends"]
+    dts = [b - a for a, b in zip(ends, ends[1:])]
+    toks = result["generated_tokens"][1 : len(ends)]
+    return {
+        "step_s": statistics.median(dts),
+        "tokens_per_s": statistics.median(t / d for t, d in zip(toks, dts)),
+        "step_s_all": dts,
+        "first_step_s": ends[0],
+        "tokens_per_step": statistics.mean(toks),
+    }
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None]
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(values: list[float], digits: int = 2) -> str:
+    m, s = mean_std(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
 # ---- models ---------------------------------------------------------------------------------------

@@ -46,10 +46,14 @@ from common import (
     LoadSampler,
     build_models,
     check,
+    fmt,
     load_average,
+    mean_std,
     rlhfkit_cmd,
     rlhfkit_ppo_flags,
+    rss_comparable,
     run_measured,
+    step_stats,
     task_data,
 )
 from gold_eval import evaluate
@@ -172,45 +176,7 @@ def import_rss() -> dict:
     return out
 
 
-def rss_comparable(imp: dict) -> str | None:
-    """A warning when ``import torch`` costs the two environments different RSS (see ``import_rss``)."""
-    a, b = imp.get("torch_rlhfkit"), imp.get("torch_trl")
-    if a is None or b is None or abs(a - b) <= 10:
-        return None
-    return (
-        f"warning: `import torch` alone takes {a:.0f} MB in rlhfkit's environment and {b:.0f} MB in TRL's; peak RSS "
-        "is not comparable (file pages of a just-written environment). Drop the page cache "
-        "(`sync; echo 3 > /proc/sys/vm/drop_caches` as root) or reuse older environments, and run again."
-    )
-
-
-def step_stats(result: dict) -> dict:
-    """Median step time and tokens/s over steps 2..N (the first, warm-up step is excluded)."""
-    ends = result["step_ends"]
-    dts = [b - a for a, b in zip(ends, ends[1:])]
-    toks = result["generated_tokens"][1 : len(ends)]
-    return {
-        "step_s": statistics.median(dts),
-        "tokens_per_s": statistics.median(t / d for t, d in zip(toks, dts)),
-        "step_s_all": dts,
-        "first_step_s": ends[0],
-        "tokens_per_step": statistics.mean(toks),
-    }
-
-
 # ---- report --------------------------------------------------------------------------------------
-def mean_std(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if v is not None]
-    if not values:
-        return float("nan"), float("nan")
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def fmt(values: list[float], digits: int = 2) -> str:
-    m, s = mean_std(values)
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
-
-
 def summarise(size_result: dict) -> dict:
     summary = {}
     for name, runs in size_result["runs"].items():

@@ -1,11 +1,13 @@
-"""Runs `rlhfkit ppo` for bench/ppo_vs_trl.py and records when each PPO step ends.
+"""Runs `rlhfkit ppo` (bench/ppo_vs_trl.py) or `rlhfkit grpo` (bench/grpo_vs_trl.py) and records when each
+step ends.
 
-    python bench/rlhfkit_runner.py RESULT.json -- [rlhfkit ppo flags]
+    python bench/rlhfkit_runner.py RESULT.json [COMMAND] -- [flags of rlhfkit COMMAND]
 
-The command runs exactly as on the command line (``rlhfkit.cli.main.main(["ppo", ...])``); the only
-addition is a wrapper around ``OnlineTrainer.step`` that reads the clock and the rollout's response
-mask after each step. Writes RESULT.json with step end times, generated tokens per step, the start-up
-time (process start to the first step) and the peak RSS of this process.
+COMMAND is one of the online-RL commands (ppo, grpo, rloo; default ppo). It runs exactly as on the command
+line (``rlhfkit.cli.main.main([COMMAND, ...])``); the only addition is a wrapper around ``OnlineTrainer.step``
+that reads the clock and the rollout's response mask after each step. Writes RESULT.json with step end
+times, generated tokens per step, the start-up time (process start to the first step) and the peak RSS of
+this process.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ def instrument(record: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[1] != "--":
+    head = argv[: argv.index("--")] if "--" in argv else []
+    if len(head) not in (1, 2):
         print(__doc__, file=sys.stderr)
         return 2
-    result_path, flags = Path(argv[0]), argv[2:]
+    result_path, command, flags = Path(head[0]), head[1] if len(head) == 2 else "ppo", argv[len(head) + 1 :]
     record: dict = {"first_step_start": None, "step_ends": [], "generated_tokens": []}
     instrument(record)
-    code = rlhfkit_main(["ppo", *flags])
+    code = rlhfkit_main([command, *flags])
     if code != 0:
         return code
     import torch
@@ -52,6 +55,7 @@ def main(argv: list[str]) -> int:
     begin = record["first_step_start"]
     result = {
         "framework": "rlhfkit",
+        "command": command,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "startup_s": begin - START,

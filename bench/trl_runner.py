@@ -7,8 +7,8 @@ frameworks see identical prompts, and the shared PPO settings), trains, and writ
     OUT/policy/            the final policy (Hugging Face format), sampled later by the benchmark
     OUT/bench_result.json  step end times, generated tokens per step, start-up time, peak RSS
 
-TRL's code is not changed: step boundaries come from a ``TrainerCallback`` and the token count from a
-thin wrapper around TRL's ``batch_generation`` that only reads its output.
+TRL's code is not changed: step boundaries come from a ``TrainerCallback`` (trl_clock.py) and the token count
+from a thin wrapper around TRL's ``batch_generation`` that only reads its output.
 """
 
 from __future__ import annotations
@@ -30,25 +30,11 @@ from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    TrainerCallback,
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
 from trl.experimental.ppo import PPOConfig, PPOTrainer  # noqa: E402
 from trl.experimental.ppo import ppo_trainer as trl_ppo  # noqa: E402
-
-
-class StepClock(TrainerCallback):
-    """Wall-clock time at the start of training and at the end of every PPO step."""
-
-    def __init__(self):
-        self.train_begin = None
-        self.step_ends: list[float] = []
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.train_begin = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.step_ends.append(time.perf_counter())
+from trl_clock import StepClock  # noqa: E402
 
 
 def count_generated_tokens(eos_id: int, counts: list[int]):

@@ -2,16 +2,20 @@
 # Creates bench/.venv-trl: an isolated environment with Hugging Face TRL 1.12.0 for bench/ppo_vs_trl.py.
 # TRL is never a dependency of rlhfkit; it lives only here. torch is installed FIRST and pinned (the local
 # CPU wheel) and then passed as a constraint, so that trl's requirements cannot pull the CUDA wheels.
+# TRL_VENV, TRL_VERSION and TRL_CHECK (the import it must pass) make it serve other benchmarks too.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${TRL_VENV:-$HERE/.venv-trl}"
 PY="${PY:-python3}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 TRL_VERSION="${TRL_VERSION:-1.12.0}"
+# What the environment must import (the trainer the benchmark runs).
+TRL_CHECK="${TRL_CHECK:-from trl.experimental.ppo import PPOConfig, PPOTrainer}"
 
+export TRL_CHECK
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$TRL_VERSION" <<'PYCHECK' 2>/dev/null; then
-import sys, trl
-from trl.experimental.ppo import PPOConfig, PPOTrainer  # noqa: F401
+import os, sys, trl
+exec(os.environ["TRL_CHECK"])
 sys.exit(0 if trl.__version__ == sys.argv[1] else 1)
 PYCHECK
     echo "bench: $VENV already has trl $TRL_VERSION"
@@ -25,7 +29,7 @@ CONSTRAINTS="$VENV/constraints.txt"
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
 "$VENV/bin/pip" install -q -c "$CONSTRAINTS" "trl==$TRL_VERSION"
 "$VENV/bin/python" - <<'PYCHECK'
-import torch, transformers, trl
-from trl.experimental.ppo import PPOConfig, PPOTrainer  # noqa: F401
+import os, torch, transformers, trl
+exec(os.environ["TRL_CHECK"])
 print(f"bench: trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
 PYCHECK

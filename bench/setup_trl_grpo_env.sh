@@ -1,31 +1,7 @@
 #!/usr/bin/env bash
-# Creates bench/.venv-trl-grpo: an isolated environment with Hugging Face TRL 1.16 for bench/grpo_vs_trl.py.
-# TRL is never a dependency of rlhfkit; it lives only here. torch is installed FIRST and pinned (the local
-# CPU wheel) and then passed as a constraint, so that trl's requirements cannot pull the CUDA wheels.
+# Creates bench/.venv-trl-grpo: an isolated environment with Hugging Face TRL 1.16 for bench/grpo_vs_trl.py
+# (setup_trl_env.sh with another version, folder and trainer to check).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VENV="${TRL_GRPO_VENV:-$HERE/.venv-trl-grpo}"
-PY="${PY:-python3}"
-TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
-TRL_VERSION="${TRL_GRPO_VERSION:-1.16.0}"
-
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$TRL_VERSION" <<'PYCHECK' 2>/dev/null; then
-import sys, trl
-from trl import GRPOConfig, GRPOTrainer  # noqa: F401
-sys.exit(0 if trl.__version__ == sys.argv[1] else 1)
-PYCHECK
-    echo "bench: $VENV already has trl $TRL_VERSION"
-    exit 0
-fi
-
-"$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
-CONSTRAINTS="$VENV/constraints.txt"
-echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
-"$VENV/bin/pip" install -q -c "$CONSTRAINTS" "trl==$TRL_VERSION"
-"$VENV/bin/python" - <<'PYCHECK'
-import torch, transformers, trl
-from trl import GRPOConfig, GRPOTrainer  # noqa: F401
-print(f"bench: trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
-PYCHECK
+TRL_VENV="${TRL_GRPO_VENV:-$HERE/.venv-trl-grpo}" TRL_VERSION="${TRL_GRPO_VERSION:-1.16.0}" \
+    TRL_CHECK="from trl import GRPOConfig, GRPOTrainer" exec bash "$HERE/setup_trl_env.sh"

@@ -158,7 +158,6 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
-    score_rows = 2 * cfg.optim.batch_size  # a training micro-batch holds 2B rows with activations; scoring keeps none
 
     # 2. The batch and the loss; the shared loop does the rest.
     def objective(session: Session, _trainables) -> Objective:
@@ -177,6 +176,9 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
                 "reward/chosen": float(c.sum()),
                 "reward/rejected": float(r.sum()),
             }
+
+        # A training micro-batch holds 2B rows with activations; scoring keeps none.
+        score_rows = 2 * session.micro_batch_size(cfg.optim)
 
         def held_out(model) -> dict[str, float]:
             return evaluate(model, eval_pairs, pad_id, score_rows, session.device, pack_sequences)
@@ -199,7 +201,9 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
             save_pretrained(model, tokenizer, session.output_dir)
             scores = torch.cat(
                 [
-                    score_encoded(model, pairs, pad_id, score_rows, session.device, pack_sequences)
+                    score_encoded(
+                        model, pairs, pad_id, 2 * session.micro_batch_size(cfg.optim), session.device, pack_sequences
+                    )
                     for pairs in (train_pairs.chosen, train_pairs.rejected)
                 ]
             )
@@ -229,7 +233,7 @@ def write_ensemble(
     _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = pick_device(cfg.run.cpu)
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
-    rows = 2 * cfg.optim.batch_size
+    rows = 2 * max(1, cfg.optim.batch_size // cfg.optim.gradient_accumulation_steps)
     prompts = [ex.prompt for ex in train_examples]
     scores = torch.cat(
         [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import random
 
 import numpy as np
@@ -15,11 +16,22 @@ def make_accelerator(run):
     accelerate, because its per-micro-batch loss division is only right for equal token counts.
     """
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     precision = run.mixed_precision
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
-    return Accelerator(mixed_precision=precision, cpu=run.cpu, log_with=None)
+    timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
+    return Accelerator(mixed_precision=precision, cpu=run.cpu, log_with=None, kwargs_handlers=[timeout])
+
+
+def process_state(cpu: bool, dist_timeout: int):
+    """The process group of a command that runs without an ``Accelerator`` (generate, score, eval): set up
+    from the launcher's environment when there are several processes; ``.device``, ``.process_index``,
+    ``.num_processes`` as accelerate's ``PartialState``."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=cpu or not torch.cuda.is_available(), timeout=datetime.timedelta(seconds=dist_timeout))
 
 
 def pick_device(cpu: bool = False) -> torch.device:

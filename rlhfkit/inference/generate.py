@@ -1,6 +1,8 @@
 """`rlhfkit generate`: sample one response per prompt and write ``{"prompt", "response", ...}`` JSONL rows.
 
-Rows come out in input order; fields of the input row besides ``prompt`` are passed through.
+Rows come out in input order; fields of the input row besides ``prompt`` are passed through. Under
+``torchrun``/``accelerate launch`` each process samples a contiguous share of the prompts (with its own
+seed + rank) and the first process writes all rows.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, sample_responses
-from rlhfkit.training.runtime import pick_device, seed_everything
+from rlhfkit.training.distributed import Ranks, gather_objects
+from rlhfkit.training.runtime import process_state, seed_everything
 
 
 def run(cfg: GenerateConfig) -> Path:
@@ -34,7 +37,8 @@ def run(cfg: GenerateConfig) -> Path:
     # 2. Model, tokenizer, prompt ids.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
-    device = pick_device(cfg.io.cpu)
+    state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
+    ranks, device = Ranks(state.process_index, state.num_processes), state.device
     model.to(device)
     prompts_ids = [encode_prompt(tokenizer, ex.prompt, cfg.io.max_prompt_length) for ex in examples]
     for i, ids in enumerate(prompts_ids):
@@ -42,11 +46,17 @@ def run(cfg: GenerateConfig) -> Path:
             raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
 
     # 3. Sample.
-    seed_everything(cfg.io.seed)
-    with tqdm(total=len(examples), desc="generate", unit="row", dynamic_ncols=True) as bar:
+    seed_everything(cfg.io.seed + ranks.rank)
+    mine = ranks.span(len(examples))
+    bar = tqdm(total=len(mine), desc="generate", unit="row", dynamic_ncols=True, disable=not ranks.is_main)
+    with bar:
+        mine_ids = [prompts_ids[i] for i in mine]
         responses = sample_responses(
-            model, tokenizer, prompts_ids, cfg.generation, cfg.io.batch_size, device, progress=bar.update
+            model, tokenizer, mine_ids, cfg.generation, cfg.io.batch_size, device, progress=bar.update
         )
+    responses = gather_objects(responses)  # every process's, in input order
+    if not ranks.is_main:
+        return out
 
     # 4. Write rows in input order.
     rows = []

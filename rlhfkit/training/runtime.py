@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import random
 
 import numpy as np
@@ -22,7 +23,14 @@ def make_accelerator(run):
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
-    return Accelerator(mixed_precision=precision, cpu=run.cpu, log_with=None, kwargs_handlers=[timeout])
+    return Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+
+
+def _cpu(requested: bool) -> bool:
+    """CPU-only: asked for, or several processes on a machine without a GPU (accelerate then sets up gloo
+    only when told the run is on CPU)."""
+    several = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    return requested or (several and not torch.cuda.is_available())
 
 
 def process_state(cpu: bool, dist_timeout: int):
@@ -31,7 +39,7 @@ def process_state(cpu: bool, dist_timeout: int):
     ``.num_processes`` as accelerate's ``PartialState``."""
     from accelerate import PartialState
 
-    return PartialState(cpu=cpu or not torch.cuda.is_available(), timeout=datetime.timedelta(seconds=dist_timeout))
+    return PartialState(cpu=_cpu(cpu), timeout=datetime.timedelta(seconds=dist_timeout))
 
 
 def pick_device(cpu: bool = False) -> torch.device:

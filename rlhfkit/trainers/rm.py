@@ -27,7 +27,6 @@ from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
-from rlhfkit.models.lora import save_pretrained
 from rlhfkit.models.reward import (
     ENSEMBLE_FILE,
     STATS_FILE,
@@ -38,6 +37,7 @@ from rlhfkit.models.reward import (
     sequence_scores,
 )
 from rlhfkit.ops import bradley_terry_loss
+from rlhfkit.training import engines
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout, pick_device, seed_everything
@@ -194,19 +194,22 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     # 3. Final model in Hugging Face format, then the score statistics PPO normalises with (written
     #    last: their presence marks a finished model).
     def finish(session: Session, trainables: Trainables) -> None:
-        accelerator = session.accelerator
-        accelerator.wait_for_everyone()
-        if session.is_main:
-            model = accelerator.unwrap_model(trainables.model)
-            save_pretrained(model, tokenizer, session.output_dir)
+        # Every process scores (under a sharding engine each forward is a collective); the first writes.
+        model = (
+            trainables.model
+            if engines.sharded(session.accelerator)
+            else session.accelerator.unwrap_model(trainables.model)
+        )
+        rows = 2 * session.micro_batch_size(cfg.optim)
+        with torch.no_grad():
             scores = torch.cat(
                 [
-                    score_encoded(
-                        model, pairs, pad_id, 2 * session.micro_batch_size(cfg.optim), session.device, pack_sequences
-                    )
+                    score_encoded(model, pairs, pad_id, rows, session.device, pack_sequences)
                     for pairs in (train_pairs.chosen, train_pairs.rejected)
                 ]
             )
+        session.finish(trainables.model, tokenizer, close=False)
+        if session.is_main:
             stats = {
                 **score_stats(scores),
                 "max_length": cfg.data.max_length,

@@ -29,6 +29,7 @@ from safetensors.torch import load_model, save_model
 from rlhfkit.errors import UserError
 
 STATE_FILE = "trainer_state.pt"
+SHARDS = "shards"  # a sharding engine's models and optimizer, one file per rank
 META_FILE = "meta.json"
 
 
@@ -133,13 +134,13 @@ class Checkpointer:
             for name, model in models.items():
                 save_model(model, str(tmp / f"{name}.safetensors"))
             torch.save(state, tmp / STATE_FILE)
-            files = sorted(f for f in tmp.iterdir() if f.is_file())
+            files = sorted(f for f in tmp.rglob("*") if f.is_file())
             for f in files:
                 _fsync(f)
             meta = {
                 "step": step,
                 "world_size": world,
-                "files": {f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in files},
+                "files": {str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in files},
             }
             (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
             _fsync(tmp / META_FILE)

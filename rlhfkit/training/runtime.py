@@ -9,6 +9,8 @@ import random
 import numpy as np
 import torch
 
+from rlhfkit.training import engines
+
 
 def make_accelerator(run):
     """An ``Accelerator`` for ``run`` (a RunArgs). 'auto' precision is bf16 on a GPU that has it.
@@ -23,7 +25,9 @@ def make_accelerator(run):
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
-    return Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+    accelerator = Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+    engines.use_fsdp_on_cpu(accelerator)
+    return accelerator
 
 
 def _cpu(requested: bool) -> bool:

@@ -18,8 +18,8 @@ from rlhfkit.config.parse import save_config
 from rlhfkit.config.parts import OptimArgs, RunArgs
 from rlhfkit.errors import Preempted, UserError
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.training import updates
-from rlhfkit.training.checkpoint import Checkpointer, rng_state, set_rng_state
+from rlhfkit.training import engines, updates
+from rlhfkit.training.checkpoint import SHARDS, Checkpointer, rng_state, set_rng_state
 from rlhfkit.training.distributed import Ranks, ranks_of
 from rlhfkit.training.logger import MetricsLogger
 from rlhfkit.training.preemption import StopSignal
@@ -50,35 +50,45 @@ class Session:
     def ranks(self) -> Ranks:
         return ranks_of(self.accelerator)
 
-    def save(self, step: int, models: dict, state: dict) -> None:
+    def save(self, step: int, models: dict, state: dict, optimizer=None) -> None:
         """Checkpoint ``models`` (name -> module) and ``state`` (optimizer, scheduler, stream, ...) with every
-        process's RNG: each rank writes its part, then rank 0 the shared files and the completion marker."""
+        process's RNG: each rank writes its part, then rank 0 the shared files and the completion marker.
+        Under a sharding engine (FSDP) the models and ``optimizer`` are written as one shard per rank
+        (``torch.distributed.checkpoint``) and ``state["optimizer"]`` is not used."""
         ranks = self.ranks
         if ranks.is_main:
             self.checkpointer.begin(step)
         self.accelerator.wait_for_everyone()
         self.checkpointer.write_rank(step, ranks.rank, {"rng": rng_state()})
+        if engines.sharded(self.accelerator):
+            engines.save_sharded(self.checkpointer.tmp_dir(step) / SHARDS, models, optimizer)
+            state = {k: v for k, v in state.items() if k != "optimizer"}
+            models = {}
         self.accelerator.wait_for_everyone()
         if ranks.is_main:
             unwrapped = {k: self.accelerator.unwrap_model(m) for k, m in models.items()}
             self.checkpointer.save(step, unwrapped, state, world=ranks.world)
         self.accelerator.wait_for_everyone()
 
-    def restore(self, models: dict) -> dict:
-        """Load the newest intact checkpoint into ``models``; returns its state (RNG already restored)."""
+    def restore(self, models: dict, optimizer=None) -> dict:
+        """Load the newest intact checkpoint into ``models`` (and, under a sharding engine, ``optimizer``);
+        returns its state (RNG already restored)."""
         path = self.resume_from or self.checkpointer.resume_point(self.ranks.world)
+        if engines.sharded(self.accelerator):
+            engines.load_sharded(path / SHARDS, models, optimizer)
+            models = {}
         unwrapped = {k: self.accelerator.unwrap_model(m) for k, m in models.items()}
         _, state = self.checkpointer.load(path, unwrapped, self.ranks.rank)
         set_rng_state(state["rank"]["rng"] if "rank" in state else state["rng"])
         return state
 
-    def stop_if_requested(self, step: int, models: dict, state: dict) -> None:
+    def stop_if_requested(self, step: int, models: dict, state: dict, optimizer=None) -> None:
         """After step ``step``: when SIGTERM/SIGINT arrived on any process, checkpoint this step (unless just
         done) and stop with the way to resume."""
         if not self.stop.requested(self.accelerator):
             return
         if self.checkpointer.latest() != self.checkpointer.root / f"step-{step}":
-            self.save(step, models, state)
+            self.save(step, models, state, optimizer)
         self.close()
         raise Preempted(
             f"stopped by {self.stop.name()} after step {step} of {self.total_steps}; checkpoint written to "
@@ -108,22 +118,38 @@ class Session:
         """Log and checkpoint when due, advance the progress bar; stop here on SIGTERM/SIGINT."""
         if self.log_due(step, run, metrics):
             self.logger.log(step, metrics)
+        models, optimizer = {"model": trainables.model}, trainables.optimizer
         if self.save_due(step, run):
-            self.save(step, {"model": trainables.model}, trainables.state_dict())
+            self.save(step, models, trainables.state_dict(), optimizer)
         self.logger.advance()
-        self.stop_if_requested(step, {"model": trainables.model}, trainables.state_dict())
+        self.stop_if_requested(step, models, trainables.state_dict(), optimizer)
 
     def close(self) -> None:
         self.stop.__exit__()
         self.logger.close()
 
-    def finish(self, model, tokenizer) -> None:
+    def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
         """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
-        the main process once every process is done; then close the logger."""
+        the main process once every process is done; then close the logger. Under a sharding engine the
+        full weights are gathered first (every process takes part); ``prefix`` then selects the saved
+        model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
         self.accelerator.wait_for_everyone()
-        if self.is_main:
-            save_pretrained(self.accelerator.unwrap_model(model), tokenizer, self.output_dir)
-        self.close()
+        if engines.sharded(self.accelerator):
+            full = engines.full_state_dict(self.accelerator, model)
+            if self.is_main:
+                weights = {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+                target = self.accelerator.unwrap_model(model)
+                for part in filter(None, prefix.rstrip(".").split(".")):
+                    target = getattr(target, part)
+                save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
+        elif self.is_main:
+            target = self.accelerator.unwrap_model(model)
+            for part in filter(None, prefix.rstrip(".").split(".")):
+                target = getattr(target, part)
+            save_pretrained(target, tokenizer, self.output_dir)
+        self.accelerator.wait_for_everyone()
+        if close:
+            self.close()
 
 
 @dataclass
@@ -151,8 +177,9 @@ def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: i
     model, optimizer = session.accelerator.prepare(model, optimizer)
     trainables = Trainables(model, optimizer, scheduler, IndexStream(n_rows, seed))
     if session.start_step > 0:  # only --resume sets a start step
-        state = session.restore({"model": model})
-        optimizer.load_state_dict(state["optimizer"])
+        state = session.restore({"model": model}, optimizer)
+        if "optimizer" in state:  # a sharding engine restored it with the model
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         trainables.stream.load_state_dict(state["stream"])
     return trainables

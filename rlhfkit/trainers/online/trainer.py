@@ -40,7 +40,7 @@ from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter, rollout_metrics
 from rlhfkit.trainers.online.rewards import RewardBatch, Rewards, build_rewards
 from rlhfkit.trainers.online.rollout import Rollout, gather_rollout, generate
-from rlhfkit.training import updates
+from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import any_rank, gather_objects, gather_rows, per_rank, reduce_mean, reduce_sum
 from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import open_session
@@ -135,9 +135,10 @@ class OnlineTrainer:
         step_start = phase_start = time.perf_counter()
         # 1. Generate.
         self.actor_critic.eval()
-        query_ids, query_mask, response_ids, response_mask, finished = generate(
-            self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
-        )
+        with engines.gathered_for_generation(self.accelerator, self.actor_critic):
+            query_ids, query_mask, response_ids, response_mask, finished = generate(
+                self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
+            )
         metrics["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Reward.
         phase_start = time.perf_counter()
@@ -419,7 +420,8 @@ class OnlineTrainer:
         }
 
     def load_state_dict(self, state: dict, stream: IndexStream) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # a sharding engine restored it with the model
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.kl_ctl.load_state_dict(state["kl_controller"])
         stream.load_state_dict(state["stream"])
@@ -543,7 +545,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         ref_model.to(session.device)
     trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session)
     stream = IndexStream(len(examples), cfg.run.seed)
-    resumed = session.restore(trainer.checkpoint_models()) if cfg.run.resume else None
+    resumed = session.restore(trainer.checkpoint_models(), trainer.optimizer) if cfg.run.resume else None
     if resumed is not None:
         trainer.load_state_dict(resumed, stream)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
@@ -560,7 +562,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         metrics = trainer.step(batch)
         rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
-            metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+            with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
+                metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
@@ -572,10 +575,10 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
             trainer.refresh_reference()
         state = lambda: {**trainer.state_dict(stream), "monitor": monitor.state_dict()}  # noqa: E731
         if session.save_due(step, cfg.run):
-            session.save(step, trainer.checkpoint_models(), state())
+            session.save(step, trainer.checkpoint_models(), state(), trainer.optimizer)
         session.logger.advance()
-        session.stop_if_requested(step, trainer.checkpoint_models(), state())
+        session.stop_if_requested(step, trainer.checkpoint_models(), state(), trainer.optimizer)
 
     # 5. Final policy in Hugging Face format; a value head stays in checkpoints/.
-    session.finish(trainer.policy, tokenizer)
+    session.finish(trainer.actor_critic, tokenizer, prefix="policy.")
     return metrics

@@ -68,8 +68,8 @@ def test_resume_ends_with_the_same_weights(dpo_config, monkeypatch):
     killed = dpo_config("killed", "--save-steps", "3")
     real_save = Session.save
 
-    def save_then_die(self, step, models, state):
-        real_save(self, step, models, state)
+    def save_then_die(self, step, models, state, optimizer=None):
+        real_save(self, step, models, state, optimizer)
         raise KeyboardInterrupt("killed after the step-3 checkpoint")
 
     monkeypatch.setattr(Session, "save", save_then_die)

@@ -62,10 +62,13 @@ def use_fsdp_on_cpu(accelerator) -> None:
     asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     if not asked or accelerator.distributed_type != DistributedType.MULTI_CPU:
         return
+    from accelerate.state import PartialState
+
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2)
     state = AcceleratorState()
     state.distributed_type = DistributedType.FSDP
     state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # read back by later calls
 
 
 def full_state_dict(accelerator, model) -> dict[str, torch.Tensor] | None:

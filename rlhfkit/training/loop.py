@@ -67,6 +67,7 @@ def fit(
     total = updates.total_steps(cfg.optim, n_rows, cfg.optim.batch_size)
     session = open_session(cfg, cfg.run, total, desc=name)
     check_split(cfg.optim, session.ranks)
+    updates.check_engine(session.accelerator, cfg.optim)
     trainables = prepare_trainables(session, model, cfg.optim, n_rows, cfg.run.seed)
     task = objective(session, trainables)
     trainables.model.train()

@@ -536,6 +536,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     session = open_session(cfg, cfg.run, steps, desc=cfg.algorithm)
     ranks = session.ranks
     check_split(cfg, ranks.world)
+    updates.check_engine(session.accelerator, cfg.optim)
     if scorer is None and cfg.reward.reward_model:
         scorer = RewardScorer.load(
             cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences

@@ -103,3 +103,28 @@ def test_sigterm_on_two_processes_checkpoints_and_resumes_exactly(tiny_model_dir
     assert all(x["loss"] == pytest.approx(y["loss"], abs=1e-6) for x, y in zip(a, b))
     wa, wb = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "run" / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_fsdp2_ppo_with_lora_matches_data_parallel(tiny_model_dir, sft_data, tmp_path):
+    """LoRA under FSDP2: the adapters start the same on every process, the reference (adapters off) and the
+    sampling run on gathered parameters, and the final model is merged from the gathered weights."""
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": f"Question: what does {n} want? Answer:"} for n in "abcdefgh"]
+    )
+    reward = tmp_path / "r.py"
+    reward.write_text("def short(prompts, completions, **kwargs):\n    return [-len(c) / 20 for c in completions]\n")
+    args = ["ppo", "--model", tiny_model_dir, "--data", prompts, "--reward-fn", f"{reward}:short", "--lora-r", 8]
+    args += ["--batch-size", 8, "--max-new-tokens", 8, "--max-steps", 3, "--learning-rate", "1e-3"]
+    args += ["--progress", "false", "--output-dir"]
+    ddp = launch([*args, tmp_path / "ddp"])
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    fsdp = accelerate_launch(FSDP2, [*args, tmp_path / "fsdp"])
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    for a, b in zip(rows(tmp_path / "ddp"), rows(tmp_path / "fsdp"), strict=True):
+        for key in ("reward/score", "kl/ref", "loss/policy", "loss/value"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)
+    merged, gathered = (
+        load_file(tmp_path / "ddp" / "model.safetensors"),
+        load_file(tmp_path / "fsdp" / "model.safetensors"),
+    )
+    assert max(float((merged[k] - gathered[k]).abs().max()) for k in merged) < 1e-5

@@ -42,7 +42,7 @@ from rlhfkit.trainers.online.rewards import RewardBatch, Rewards, build_rewards
 from rlhfkit.trainers.online.rollout import Rollout, gather_rollout, generate
 from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import any_rank, gather_objects, gather_rows, per_rank, reduce_mean, reduce_sum
-from rlhfkit.training.runtime import disable_dropout
+from rlhfkit.training.runtime import disable_dropout, seed_everything
 from rlhfkit.training.session import open_session
 from rlhfkit.training.stream import IndexStream
 
@@ -109,7 +109,9 @@ class OnlineTrainer:
         """``[B, T]`` log-probs under the frozen reference (LoRA: the policy with its adapters off)."""
         temperature = self.gen.temperature
         if self.ref_model is None:
-            with adapters_off(self.policy):
+            # the policy is called outside the wrapped actor-critic's forward: under FSDP2 its parameters are
+            # gathered for the pass, as for sampling
+            with engines.gathered_for_generation(self.accelerator, self.actor_critic), adapters_off(self.policy):
                 return response_logprobs(self.policy, input_ids, attention_mask, n_response, temperature, packed)
         return response_logprobs(self.ref_model, input_ids, attention_mask, n_response, temperature, packed)
 
@@ -524,6 +526,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
 
     # 2. The roles.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    seed_everything(cfg.run.seed)  # new weights (LoRA) start the same on every process
     actor_critic, ref_model = build_models(cfg, tokenizer)
     prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
 

@@ -9,6 +9,7 @@ to the one before it; a full disk leaves the previous checkpoint intact.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import socket
@@ -209,3 +210,36 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, monkey
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]  # no half-written folder
     assert checkpoint_module.damage(saver.resume_point()) is None
+
+
+def test_generate_score_and_eval_shard_rows_and_write_them_once_in_order(tiny_model_dir, data, tmp_path, capsys):
+    rm_dir = tmp_path / "rm"
+    assert run_cli(capsys, *command("rm", tiny_model_dir, data, rm_dir))[0] == 0
+    prompts = write_jsonl(
+        tmp_path / "prompts.jsonl", [{"prompt": r["prompt"], "id": i} for i, r in enumerate(sft_rows(7))]
+    )
+    generated = tmp_path / "gen.jsonl"
+    done = launch(
+        ["generate", "--model", tiny_model_dir, "--data", prompts, "--output", generated, "--max-new-tokens", 6]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in generated.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(7))  # 7 rows over 2 processes (4 + 3), input order
+
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert run_cli(capsys, "score", "--reward-model", rm_dir, "--data", generated, "--output", one)[0] == 0
+    done = launch(["score", "--reward-model", rm_dir, "--data", generated, "--output", two])
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = [json.loads(line) for line in one.read_text().splitlines()]
+    b = [json.loads(line) for line in two.read_text().splitlines()]
+    assert [r["id"] for r in b] == list(range(7))
+    assert [r["score"] for r in a] == pytest.approx([r["score"] for r in b], abs=1e-5)
+
+    report = tmp_path / "eval.json"
+    args = ["eval", "--model", tiny_model_dir, "--data", prompts, "--output", report, "--reward-model", rm_dir]
+    done = launch([*args, "--max-new-tokens", 6])
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics_ = json.loads(report.read_text())
+    samples = [json.loads(line) for line in report.with_suffix(".samples.jsonl").read_text().splitlines()]
+    assert metrics_["n"] == 7 and [s["prompt"] for s in samples] == [r["prompt"] for r in rows]
+    assert metrics_["reward/score"] == pytest.approx(sum(s["score"] for s in samples) / 7)

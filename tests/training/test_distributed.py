@@ -243,3 +243,15 @@ def test_generate_score_and_eval_shard_rows_and_write_them_once_in_order(tiny_mo
     samples = [json.loads(line) for line in report.with_suffix(".samples.jsonl").read_text().splitlines()]
     assert metrics_["n"] == 7 and [s["prompt"] for s in samples] == [r["prompt"] for r in rows]
     assert metrics_["reward/score"] == pytest.approx(sum(s["score"] for s in samples) / 7)
+
+
+def test_resuming_with_another_number_of_processes_stops_at_once(tiny_model_dir, data, tmp_path, capsys):
+    out = tmp_path / "run"
+    done = launch(command("sft", tiny_model_dir, data, out, "--save-steps", 1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    code, _, err = run_cli(capsys, *command("sft", tiny_model_dir, data, out, "--save-steps", 1, "--resume"))
+    assert code == 1
+    assert err.strip().splitlines()[-1] == (
+        f"error: {out / 'checkpoints' / f'step-{STEPS}'}: written by 2 process(es); resume it with 2 (this run has 1): "
+        "each process's sampling randomness is part of the checkpoint"
+    )

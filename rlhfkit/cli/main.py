@@ -9,7 +9,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 
@@ -79,9 +81,16 @@ def usage() -> str:
 
 
 def execute(name: str, config):
-    """Run command ``name`` on a parsed config; returns what the command returns."""
+    """Run command ``name`` on a parsed config; returns what the command returns. The SIGTERM/SIGINT handlers
+    a training session installs are put back as they were, however the command ends."""
     module, func = COMMANDS[name].target.split(":")
-    return getattr(importlib.import_module(module), func)(config)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return getattr(importlib.import_module(module), func)(config)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
 
 def run_command(name: str, argv: list[str]):

@@ -1,6 +1,8 @@
-"""`rlhfkit generate`: sample one response per prompt and write ``{"prompt", "response", ...}`` JSONL rows.
+"""`rlhfkit generate`: sample responses for prompts and write JSONL rows.
 
-Rows come out in input order; fields of the input row besides ``prompt`` are passed through.
+One sample per prompt writes ``{"prompt", "response", ...}``; ``--num-samples K`` writes
+``{"prompt", "responses": [r1, ..., rK], ...}``, the candidate format `rlhfkit label` reads. Rows come out
+in input order; fields of the input row besides ``prompt`` are passed through.
 """
 
 from __future__ import annotations
@@ -41,22 +43,26 @@ def run(cfg: GenerateConfig) -> Path:
         if not ids:
             raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
 
-    # 3. Sample.
+    # 3. Sample: each prompt repeated K times in a row, so its K samples are neighbours in the output.
+    per_prompt = cfg.samples.num_samples
     seed_everything(cfg.io.seed)
-    with tqdm(total=len(examples), desc="generate", unit="row", dynamic_ncols=True) as bar:
+    repeated = [ids for ids in prompts_ids for _ in range(per_prompt)]
+    with tqdm(total=len(repeated), desc="generate", unit="sample", dynamic_ncols=True) as bar:
         responses = sample_responses(
-            model, tokenizer, prompts_ids, cfg.generation, cfg.io.batch_size, device, progress=bar.update
+            model, tokenizer, repeated, cfg.generation, cfg.io.batch_size, device, progress=bar.update
         )
+    texts = [decode(tokenizer, ids) for ids in responses]
 
     # 4. Write rows in input order.
     rows = []
-    for ex, ids in zip(examples, responses):
-        row = {"prompt": ex.prompt, "response": decode(tokenizer, ids)}
+    for i, ex in enumerate(examples):
+        mine = texts[i * per_prompt : (i + 1) * per_prompt]
+        row = {"prompt": ex.prompt, **({"response": mine[0]} if per_prompt == 1 else {"responses": mine})}
         row.update({k: v for k, v in ex.extra.items() if k not in row})
         rows.append(json.dumps(row, ensure_ascii=False) + "\n")
     try:
         out.write_text("".join(rows), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{out}: cannot write --output ({exc.strerror})") from None
-    print(f"wrote {len(responses)} responses to {out}")
+    print(f"wrote {len(responses)} responses ({len(examples)} prompts x {per_prompt}) to {out}")
     return out

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import sys
 from pathlib import Path
 
 from rlhfkit.config.pages import STRENGTHS, LabelConfig
@@ -165,17 +164,10 @@ def open_store(cfg: LabelConfig) -> Store:
     return store
 
 
-def run(cfg: LabelConfig):
-    """Entry point of `rlhfkit label`: serve the labelling page until interrupted, or (--export) write the
-    exports and return their paths."""
+def start(cfg: LabelConfig) -> tuple[Server, Store, dict[str, str]]:
+    """Open the store and bind the server (not yet serving); returns it, the store and {annotator: token}."""
     host = cfg.serve.host
     store = open_store(cfg)
-    if cfg.export.export:
-        paths = export(store, Path(cfg.label.output_dir), cfg.margins(), cfg.export.aggregate)
-        for path in paths.values():
-            print(f"wrote {path}")
-        store.close()
-        return paths
     tokens = store.add_annotators(cfg.annotator_names())
     if not is_loopback(host) and set(tokens) <= {DEFAULT_ANNOTATOR}:
         store.close()
@@ -186,18 +178,36 @@ def run(cfg: LabelConfig):
     if not tokens:
         tokens = store.add_annotators([DEFAULT_ANNOTATOR])
     labeller = LabelApp(store, cfg.label.guidelines)
-    server = Server(labeller.app, host, cfg.serve.port)
-    lpi = store.labels_per_item
+    try:
+        server = Server(labeller.app, host, cfg.serve.port)
+    except UserError:
+        store.close()
+        raise
+    return server, store, tokens
+
+
+def run(cfg: LabelConfig):
+    """Entry point of `rlhfkit label`: serve the labelling page until interrupted, or (--export) write the
+    exports and return their paths."""
+    if cfg.export.export:
+        store = open_store(cfg)
+        try:
+            paths = export(store, Path(cfg.label.output_dir), cfg.margins(), cfg.export.aggregate)
+        finally:
+            store.close()
+        for path in paths.values():
+            print(f"wrote {path}")
+        return paths
+    server, store, tokens = start(cfg)
     print(
-        f"labelling {store.item_count()} pairs ({store.complete_items()} complete), {lpi} label(s) per pair, "
-        f"store {store.path}"
+        f"labelling {store.item_count()} pairs ({store.complete_items()} complete), "
+        f"{store.labels_per_item} label(s) per pair, store {store.path}"
     )
     for name, token in tokens.items():
         print(f"  {name}: {server.url(f'/a/{token}')}")
-    if not is_loopback(host):
+    if not is_loopback(cfg.serve.host):
         print("warning: plain HTTP beyond this machine; anyone who sees a link can label as its annotator")
     print(f"stop with Ctrl-C; then `rlhfkit label --output-dir {cfg.label.output_dir} --export`", flush=True)
-    sys.stdout.flush()
     try:
         server.serve_forever()
     finally:

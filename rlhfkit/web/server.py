@@ -243,7 +243,7 @@ class Server:
 
     def start(self) -> Server:
         """Serve in a background thread (tests, notebooks); ``stop`` ends it."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         return self
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from rlhfkit.config.pages import ViewConfig
 from rlhfkit.viewer.runs import IMAGE_SUFFIXES, Folder, find_runs, image_file, metrics, report_source, samples
@@ -70,7 +70,7 @@ class ViewerApp:
         n = int(req.params["n"])
         if n >= len(self.folders):
             raise HttpError(404, "no such folder")
-        path = image_file(self.folders[n].path, req.params["path"])
+        path = image_file(self.folders[n].path, unquote(req.params["path"]))
         if path is None:
             raise HttpError(404, "no such image")
         return Response(200, path.read_bytes(), IMAGE_SUFFIXES[path.suffix.lower()])

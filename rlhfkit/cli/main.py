@@ -64,7 +64,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "label": Command(
         c.LabelConfig,
-        "rlhfkit.label.app:run",
+        "rlhfkit.labelling.app:run",
         "a web page where people compare pairs of responses -> prefs.jsonl for rm / dpo (--export)",
     ),
     "view": Command(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlhfkit.label.items import read_pairs
+from rlhfkit.labelling.items import read_pairs
 from tests.helpers import read_jsonl, run_cli, write_jsonl
 
 

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from rlhfkit.errors import UserError
-from rlhfkit.label.app import start
+from rlhfkit.labelling.app import start
 from tests.helpers import run_cli, write_jsonl
 
 from .label_helpers import Client, candidate_rows, label_config, serve

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from rlhfkit.data.schema import load_examples
-from rlhfkit.label.export import export
-from rlhfkit.label.items import Pair
-from rlhfkit.label.store import Store
+from rlhfkit.labelling.export import export
+from rlhfkit.labelling.items import Pair
+from rlhfkit.labelling.store import Store
 from tests.helpers import read_jsonl
 
 MARGINS = {"slightly": 0.33, "clearly": 0.67, "much": 1.0}
@@ -99,3 +99,19 @@ def test_agreement_report_by_hand(store, tmp_path):
     bias = report["position_bias"]
     assert bias["left_wins"] + bias["right_wins"] == 7
     assert report["seconds_per_label"]["median"] >= 0
+
+
+def test_the_python_api_exports_and_names_the_files(tmp_path):
+    import rlhfkit
+
+    from .label_helpers import candidate_rows, serve
+
+    with pytest.raises(rlhfkit.UserError, match="no labels to export"):
+        rlhfkit.label(output_dir=tmp_path / "out", export=True)
+    running = serve(tmp_path, candidate_rows(3))
+    item = running.store.state("annotator")["item"].item_id
+    running.store.judge("annotator", "request-0001", item, "b", "clearly")
+    running.stop()
+    result = rlhfkit.label(output_dir=tmp_path / "out", export=True, aggregate="majority")
+    assert result.output == tmp_path / "out" / "prefs.jsonl" and result.metrics["judgments"] == 1
+    assert read_jsonl(result.output)[0]["margin"] == 0.67

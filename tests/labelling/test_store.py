@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlhfkit.errors import UserError
-from rlhfkit.label.items import Pair
-from rlhfkit.label.store import Conflict, Store
+from rlhfkit.labelling.items import Pair
+from rlhfkit.labelling.store import Conflict, Store
 
 
 def pairs(n: int) -> list[Pair]:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from rlhfkit.config.pages import STRENGTHS, LabelConfig
 from rlhfkit.errors import UserError
-from rlhfkit.label.export import export
-from rlhfkit.label.items import read_pairs
-from rlhfkit.label.store import CHOICES, Conflict, Store, file_digest
+from rlhfkit.labelling.export import export
+from rlhfkit.labelling.items import read_pairs
+from rlhfkit.labelling.store import CHOICES, Conflict, Store, file_digest
 from rlhfkit.web import markdown
 from rlhfkit.web.server import App, HttpError, Request, Response, Server, is_loopback, json_response, page
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlhfkit.label.items import pair_indices, read_pairs
+from rlhfkit.labelling.items import pair_indices, read_pairs
 from tests.helpers import write_jsonl
 
 

@@ -20,9 +20,9 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from rlhfkit.label.agreement import cohen_kappa, fleiss_kappa, pair_agreement, wilson_interval
-from rlhfkit.label.items import Pair
-from rlhfkit.label.store import Judgment, Store
+from rlhfkit.labelling.agreement import cohen_kappa, fleiss_kappa, pair_agreement, wilson_interval
+from rlhfkit.labelling.items import Pair
+from rlhfkit.labelling.store import Judgment, Store
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rlhfkit.config.pages import LabelConfig
 from rlhfkit.config.parse import parse_config
-from rlhfkit.label.app import start
-from rlhfkit.label.store import Store
+from rlhfkit.labelling.app import start
+from rlhfkit.labelling.store import Store
 from rlhfkit.web.server import Server
 from tests.helpers import write_jsonl
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.errors import UserError
-from rlhfkit.label.items import Pair
+from rlhfkit.labelling.items import Pair
 
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
 LEASE_SECONDS = 30 * 60  # a pair on someone's screen is kept from others this long

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from rlhfkit.label.agreement import cohen_kappa, fleiss_kappa, pair_agreement, wilson_interval
+from rlhfkit.labelling.agreement import cohen_kappa, fleiss_kappa, pair_agreement, wilson_interval
 
 
 def test_cohen_kappa_by_hand():

@@ -59,6 +59,12 @@ class ExportArgs:
 
 @dataclass
 class LabelConfig:
+    """Prints one private URL per annotator. Each sees one pair at a time, in their own random order and with
+    the two responses on sides drawn for them, and answers A better, B better, tie, both bad or skip (keys 1, 2,
+    3, 4, s; u undoes the last answer). Every answer is on disk before the page confirms it; restarting on the
+    same --output-dir continues where everyone was. --export then writes prefs.jsonl (read by rm and dpo as it
+    is), ties.jsonl and agreement.json."""
+
     REQUIRED: ClassVar[tuple[str, ...]] = ("output_dir",)
     label: LabelArgs = field(default_factory=LabelArgs)
     export: ExportArgs = field(default_factory=ExportArgs)
@@ -101,6 +107,7 @@ class ViewConfig:
 
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     POSITIONAL: ClassVar[str] = "runs"  # `rlhfkit view RUN_DIR [RUN_DIR ...]`
+    POSITIONAL_METAVAR: ClassVar[str] = "RUN_DIR"
     runs: list[str] = field(default_factory=list)
     """Run folders (OUTPUT_DIR of a training command or of `rlhfkit demo`); also given as arguments."""
     serve: ServeArgs = field(default_factory=lambda: ServeArgs(port=8766))

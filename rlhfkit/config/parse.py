@@ -194,7 +194,10 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
     positional = getattr(config, "POSITIONAL", "")  # a list option that may also be given as plain arguments
     if positional:
         parser.add_argument(
-            "_" + positional, nargs="*", metavar=positional.upper().rstrip("S"), help=f"the same as --{positional}"
+            "_" + positional,
+            nargs="*",
+            metavar=getattr(config, "POSITIONAL_METAVAR", positional.upper()),
+            help=f"the same as --{positional}",
         )
     for leaf in leaves(config):
         title = leaf.group or "options"

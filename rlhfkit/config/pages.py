@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rlhfkit.config import options
-from rlhfkit.config.checks import positive
+from rlhfkit.config.checks import at_least
 from rlhfkit.errors import UserError
 
 STRENGTHS = ("slightly", "clearly", "much")
@@ -35,8 +35,8 @@ class LabelArgs:
     annotators: str = ""
     """Comma-separated annotator names, each given a private URL with a token (default: one annotator named
     'annotator'). Names may be added on a restart; existing ones keep their URLs."""
-    labels_per_item: int = 1
-    """Different annotators who label each pair."""
+    labels_per_item: int = 0
+    """Different annotators who label each pair; 0 keeps the number a restarted store has (1 for a new one)."""
     pairs: Literal["cycle", "all"] = "cycle"
     """Pairs shown from a row of K > 2 responses: 'cycle' compares r1-r2, r2-r3, ..., rK-r1 (K pairs, every
     response in two, all connected for ranking); 'all' every one of the K(K-1)/2 pairs."""
@@ -71,7 +71,7 @@ class LabelConfig:
     serve: ServeArgs = field(default_factory=ServeArgs)
 
     def check(self) -> None:
-        positive(labels_per_item=self.label.labels_per_item)
+        at_least(0, labels_per_item=self.label.labels_per_item)
         if not 0 <= self.serve.port <= 65535:
             raise UserError(f"--port must be in 0..65535, got {self.serve.port}")
         for name in self.annotator_names():

@@ -146,7 +146,8 @@ class Store:
         return None if row is None else row["value"]
 
     def initialise(self, pairs: list[Pair] | None, digest: str | None, seed: int, labels_per_item: int) -> None:
-        """Fill a new store with ``pairs``, or check that an existing one holds the same file's pairs."""
+        """Fill a new store with ``pairs``, or check that an existing one holds the same file's pairs.
+        ``labels_per_item`` 0 keeps the stored number (1 for a new store)."""
         with self.transaction() as db:
             stored = self.meta("data_sha256")
             if stored is None:
@@ -168,11 +169,12 @@ class Store:
                     f"{self.path.parent}: holds the labels of another candidates file; keep --data as it was, "
                     "leave it out to continue, or use a new --output-dir"
                 )
-            db.execute(
-                "INSERT INTO meta (key, value) VALUES ('labels_per_item', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (str(labels_per_item),),
-            )
+            if labels_per_item > 0 or self.meta("labels_per_item") is None:  # 0: keep the stored number
+                db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('labels_per_item', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (str(max(labels_per_item, 1)),),
+                )
 
     def add_annotators(self, names: list[str]) -> dict[str, str]:
         """Give each new name a token; returns every annotator's {name: token} (old ones keep theirs)."""

@@ -107,3 +107,12 @@ def test_a_restart_continues_and_refuses_another_file(tmp_path):
     assert again.state("alice")["item"] == on_screen and again.state("alice")["progress"]["done"] == 1
     with pytest.raises(UserError, match="another candidates file"):
         again.initialise(pairs(3), "other-digest", seed=0, labels_per_item=1)
+
+
+def test_labels_per_item_is_kept_on_a_restart_unless_given(tmp_path):
+    new_store(tmp_path, labels_per_item=3).close()
+    again = Store(tmp_path / "labels.sqlite")
+    again.initialise(None, None, seed=0, labels_per_item=0)  # a restart or an export without the flag
+    assert again.labels_per_item == 3
+    again.initialise(None, None, seed=0, labels_per_item=2)
+    assert again.labels_per_item == 2

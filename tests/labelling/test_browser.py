@@ -144,6 +144,8 @@ def test_two_annotators_label_each_pair_then_the_export_trains_a_reward_model(br
 
 
 def test_model_text_that_tries_to_run_script_is_shown_as_text(browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
     rows = [
         {"prompt": XSS_SCRIPT, "responses": [XSS_IMG, f"{XSS_SCRIPT} and more"]},
         {"prompt": [{"role": "user", "content": XSS_IMG}], "responses": ["<b>bold?</b>", "plain"]},
@@ -151,20 +153,25 @@ def test_model_text_that_tries_to_run_script_is_shown_as_text(browser, tmp_path)
     running = serve(tmp_path, rows)  # the default annotator
     try:
         open_page(browser, running.url("annotator"))
-        prompt, a, b = shown(browser)
-        assert prompt == XSS_SCRIPT and {a, b} == {XSS_IMG, f"{XSS_SCRIPT} and more"}
-        from selenium.webdriver.common.by import By
-
-        for name in ("prompt", "response-a", "response-b"):
-            assert by_testid(browser, name).find_elements(By.CSS_SELECTOR, "*") == []  # text only, no elements
-        press(browser, "1")
-        wait_progress(browser, 1, 2)
-        turn = by_testid(browser, "prompt").find_element(By.CSS_SELECTOR, ".turn .content")
-        assert turn.text == XSS_IMG and by_testid(browser, "prompt").find_elements(By.TAG_NAME, "img") == []
-        assert {by_testid(browser, "response-a").text, by_testid(browser, "response-b").text} == {
-            "<b>bold?</b>",
-            "plain",
-        }
+        seen = set()
+        for done in range(2):
+            wait_progress(browser, done, 2)
+            prompt, a, b = shown(browser)
+            for name in ("response-a", "response-b"):
+                assert by_testid(browser, name).find_elements(By.CSS_SELECTOR, "*") == []  # text only
+            if prompt == XSS_SCRIPT:
+                assert by_testid(browser, "prompt").find_elements(By.CSS_SELECTOR, "*") == []
+                assert {a, b} == {XSS_IMG, f"{XSS_SCRIPT} and more"}
+            else:  # a conversation: one turn, its role and its content as text
+                turn = by_testid(browser, "prompt").find_element(By.CSS_SELECTOR, ".turn")
+                assert turn.find_element(By.CSS_SELECTOR, ".role").text.lower() == "user"
+                assert turn.find_element(By.CSS_SELECTOR, ".content").text == XSS_IMG
+                assert by_testid(browser, "prompt").find_elements(By.TAG_NAME, "img") == []
+                assert {a, b} == {"<b>bold?</b>", "plain"}
+            seen.add(prompt == XSS_SCRIPT)
+            press(browser, "1")
+        wait_until(browser, lambda d: by_testid(d, "done").is_displayed())
+        assert seen == {True, False}
         assert browser.execute_script("return window.__pwned === undefined")
         assert console_errors(browser) == []
     finally:

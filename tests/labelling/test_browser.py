@@ -80,12 +80,13 @@ def test_label_by_click_and_keyboard_with_undo_tie_strength_progress_and_done(br
         assert by_testid(browser, "progress").text == "5 / 5 labelled"
         assert not by_testid(browser, "choose-a").is_displayed()
         assert console_errors(browser) == []
+        live = [(j.choice, j.strength) for j in running.store.judgments()]
+        everything = [j.choice for j in running.store.judgments(include_undone=True)]
     finally:
         running.stop()
 
-    live = [(j.choice, j.strength) for j in running.store.judgments()]
     assert live == [("a", "much"), ("tie", None), ("both_bad", None), ("skip", None), ("a", None)]
-    assert [j.choice for j in running.store.judgments(include_undone=True)].count("b") == 1  # kept, withdrawn
+    assert everything.count("b") == 1  # the withdrawn answer is kept, marked undone
     assert main(["label", "--output-dir", str(tmp_path / "out"), "--export"]) == 0
     prefs = read_jsonl(tmp_path / "out" / "prefs.jsonl")
     assert [(r["prompt"], r["chosen"], r["rejected"], r.get("margin")) for r in prefs] == [

@@ -116,3 +116,10 @@ def test_labels_per_item_is_kept_on_a_restart_unless_given(tmp_path):
     assert again.labels_per_item == 3
     again.initialise(None, None, seed=0, labels_per_item=2)
     assert again.labels_per_item == 2
+
+
+def test_answers_are_committed_with_a_full_sync_in_a_wal_journal(tmp_path):
+    store = new_store(tmp_path)
+    store.state("alice")  # drawing a pair commits without waiting for the disk, and restores the full sync
+    assert store._read("PRAGMA journal_mode")[0][0] == "wal"
+    assert store._read("PRAGMA synchronous")[0][0] == 2  # FULL: a commit returns once it is on disk

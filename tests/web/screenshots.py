@@ -99,6 +99,7 @@ def viewer_page(driver, out: Path, work: Path) -> None:
         write_jsonl(work / "demo" / name / "metrics.jsonl", metrics_rows(kl_coef, 120, rng))
     server = Server(ViewerApp(find_runs([str(work / "demo")])).app, "127.0.0.1", 0).start()
     try:
+        driver.set_window_size(1280, 1000)
         driver.get(server.url("/"))
         time.sleep(1.0)
         screenshot(driver, out / "view-curves.png")

@@ -57,6 +57,7 @@
     const item = state.item;
     byId("labelling").hidden = item === null;
     byId("done").hidden = item !== null;
+    byId("keys").hidden = item === null;
     if (item === null) {
       byId("done-summary").textContent = `You labelled ${done} pair${done === 1 ? "" : "s"}; nothing is left for you.`;
       return;

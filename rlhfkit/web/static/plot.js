@@ -71,9 +71,11 @@
     if (!shown.length) return svg;
     const xs = shown.flatMap((s) => s.points.map((p) => p[0]));
     const ys = shown.flatMap((s) => s.points.map((p) => p[1]));
-    const xTicks = niceTicks(Math.min(...xs), Math.max(...xs), 5);
+    // x spans the steps logged, ticks at round steps inside; y is widened to round ticks
+    let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+    if (x0 === x1) [x0, x1] = [x0 - 1, x1 + 1];
+    const xTicks = niceTicks(x0, x1, 5).filter((t) => t >= x0 - 1e-9 && t <= x1 + 1e-9);
     const yTicks = niceTicks(Math.min(...ys), Math.max(...ys), 4);
-    const [x0, x1] = [xTicks[0], xTicks[xTicks.length - 1]];
     const [y0, y1] = [yTicks[0], yTicks[yTicks.length - 1]];
     const px = (x) => PAD.left + ((x - x0) / (x1 - x0 || 1)) * (WIDTH - PAD.left - PAD.right);
     const py = (y) => HEIGHT - PAD.bottom - ((y - y0) / (y1 - y0 || 1)) * (HEIGHT - PAD.top - PAD.bottom);

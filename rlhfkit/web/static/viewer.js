@@ -22,17 +22,20 @@
     return response.json();
   }
 
-  // Metric names grouped by their prefix ("reward/score" -> "reward"); names without one come first.
-  function groups(runs) {
+  // Metric names in reading order: those without a prefix ("loss"), then by prefix, the usual RLHF ones first.
+  const FIRST = ["", "reward", "kl", "eval", "rewards", "loss", "policy", "value", "response", "rollout"];
+  function metricNames(runs) {
     const names = new Set();
     for (const run of runs) for (const row of run.rows) for (const key of Object.keys(row)) if (key !== "step") names.add(key);
-    const byGroup = new Map();
-    for (const name of [...names].sort()) {
+    const rank = (name) => {
       const group = name.includes("/") ? name.split("/")[0] : "";
-      if (!byGroup.has(group)) byGroup.set(group, []);
-      byGroup.get(group).push(name);
-    }
-    return [...byGroup.entries()].sort(([a], [b]) => (a === "" ? -1 : b === "" ? 1 : a.localeCompare(b)));
+      const i = FIRST.indexOf(group);
+      return [i < 0 ? FIRST.length : i, group, name];
+    };
+    return [...names].sort((a, b) => {
+      const [ra, rb] = [rank(a), rank(b)];
+      return ra[0] - rb[0] || ra[1].localeCompare(rb[1]) || ra[2].localeCompare(rb[2]);
+    });
   }
 
   function renderLegend() {
@@ -59,26 +62,24 @@
     charts.replaceChildren();
     const filter = byId("filter").value.trim().toLowerCase();
     const smoothing = Number(byId("smoothing").value);
-    const all = groups(metricRuns);
+    const all = metricNames(metricRuns);
     byId("no-metrics").hidden = all.length > 0;
-    for (const [group, names] of all) {
-      const wanted = names.filter((n) => n.toLowerCase().includes(filter));
-      if (!wanted.length) continue;
-      if (all.length > 1) charts.append(make("h2", "group-title", group || "training"));
-      for (const name of wanted) {
-        const card = make("div", "chart");
-        card.dataset.metric = name;
-        card.append(make("h3", "", name));
-        const series = metricRuns
-          .map((run, i) => ({
-            name: run.name,
-            color: COLORS[i % COLORS.length],
-            points: run.rows.filter((r) => typeof r[name] === "number").map((r) => [r.step, r[name]]).sort((a, b) => a[0] - b[0]),
-          }))
-          .filter((s) => !hiddenRuns.has(s.name));
-        charts.append(card);
-        window.rlhfkitPlot.lineChart(card, series, { smoothing });
-      }
+    for (const name of all.filter((n) => n.toLowerCase().includes(filter))) {
+      const card = make("div", "chart");
+      card.dataset.metric = name;
+      card.append(make("h3", "", name));
+      const series = metricRuns
+        .map((run, i) => ({
+          name: run.name,
+          color: COLORS[i % COLORS.length],
+          points: run.rows
+            .filter((r) => typeof r[name] === "number")
+            .map((r) => [r.step, r[name]])
+            .sort((a, b) => a[0] - b[0]),
+        }))
+        .filter((s) => !hiddenRuns.has(s.name));
+      charts.append(card);
+      window.rlhfkitPlot.lineChart(card, series, { smoothing });
     }
   }
 

@@ -59,6 +59,7 @@
     byId("done").hidden = item !== null;
     byId("keys").hidden = item === null;
     if (item === null) {
+      if (byId("status").classList.contains("ok")) setStatus("", "");  // the done card says it all
       byId("done-summary").textContent = `You labelled ${done} pair${done === 1 ? "" : "s"}; nothing is left for you.`;
       return;
     }

@@ -27,7 +27,7 @@ def test_fleiss_kappa_by_hand_with_unequal_raters_per_item():
     assert fleiss_kappa([Counter(x=1)]) is None
 
 
-def test_fleiss_equals_cohen_free_marginal_form_for_full_agreement():
+def test_fleiss_kappa_is_one_when_everyone_agrees():
     assert fleiss_kappa([Counter(x=3), Counter(y=3), Counter(tie=3)]) == pytest.approx(1.0)
 
 

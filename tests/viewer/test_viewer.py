@@ -152,7 +152,7 @@ def test_the_page_draws_every_metric_with_the_runs_overlaid(browser, viewer, tmp
     browser.find_element(By.CSS_SELECTOR, '[data-testid="tab-samples"]').click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".sample")) == 3)
     assert "step 30" in browser.find_element(By.ID, "sample-count").text
-    assert browser.find_elements(By.CSS_SELECTOR, ".sample .response")[0].text.strip() == "sorry, order 0 ships today"
+    assert browser.find_elements(By.CSS_SELECTOR, ".sample-response")[0].text.strip() == "sorry, order 0 ships today"
 
     browser.find_element(By.CSS_SELECTOR, '[data-testid="tab-report"]').click()
     report = browser.find_element(By.CSS_SELECTOR, ".report")

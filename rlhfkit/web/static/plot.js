@@ -25,10 +25,10 @@
     const raw = (hi - lo) / Math.max(count, 1);
     const power = 10 ** Math.floor(Math.log10(raw));
     const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
-    const start = Math.floor(lo / step) * step;
+    const first = Math.floor(lo / step);
+    const last = Math.ceil(hi / step);
     const ticks = [];
-    for (let v = start; v <= hi + step * 1e-9; v += step) ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
-    if (ticks[ticks.length - 1] < hi) ticks.push(ticks[ticks.length - 1] + step);
+    for (let i = first; i <= last; i++) ticks.push(Number((i * step).toPrecision(12)) || 0);  // no 6.9e-18 for 0
     return ticks;
   }
 

@@ -107,8 +107,8 @@
         .join(" · ");
       card.append(make("div", "meta", meta || `step ${row.step}`));
       const show = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 1));
-      card.append(make("div", "prompt", show(row.prompt ?? "")));
-      card.append(make("div", "response", show(row.response ?? "")));
+      card.append(make("div", "sample-prompt", show(row.prompt ?? "")));
+      card.append(make("div", "sample-response", show(row.response ?? "")));
       list.append(card);
     }
   }

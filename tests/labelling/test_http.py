@@ -123,3 +123,25 @@ def test_bad_candidate_rows_get_the_trainers_one_line_errors(tmp_path, capsys, r
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"error: {data}: {message}")
     assert not (tmp_path / "out" / "labels.sqlite").exists()  # nothing written before every row is checked
+
+
+def test_the_guidelines_are_one_click_away_and_rendered_safely(tmp_path):
+    guide = tmp_path / "guidelines.md"
+    guide.write_text("# How to judge\n\n- prefer **helpful** replies\n- <script>window.x = 1</script>\n")
+    running = serve(tmp_path, candidate_rows(2), "--guidelines", str(guide))
+    try:
+        page = urllib.request.urlopen(running.url("annotator")).read().decode()
+        link = re.search(r'<a class="link-button" href="([^"]+)"[^>]*>Guidelines</a>', page)
+        assert link and "hidden" not in link.group(0)
+        html = urllib.request.urlopen(running.server.url(link.group(1))).read().decode()
+        assert "<h1>How to judge</h1>" in html and "<strong>helpful</strong>" in html
+        assert "&lt;script&gt;" in html and "<script>window" not in html
+    finally:
+        running.stop()
+    (tmp_path / "bare").mkdir()
+    bare = serve(tmp_path / "bare", candidate_rows(2))  # no --guidelines: no button
+    try:
+        page = urllib.request.urlopen(bare.url("annotator")).read().decode()
+        assert re.search(r'<a class="link-button"[^>]* hidden>Guidelines</a>', page)
+    finally:
+        bare.stop()

@@ -29,8 +29,9 @@ browser:
 			|| echo "could not install chromium: the browser tests will be skipped"; \
 	else echo "no chromium/chromedriver and no root apt to install them: the browser tests will be skipped"; fi
 
+# -rs lists why tests were skipped (no browser, for instance)
 test: install browser
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 -rs tests
 
 # ruff: lint rules and formatting, configured in pyproject.toml
 lint: install

@@ -7,6 +7,7 @@ import math
 import struct
 import urllib.request
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,21 @@ def test_run_folders_are_arguments_or_flags():
     assert sorted(cfg.runs) == ["runs/a", "runs/b", "runs/c"] and cfg.serve.port == 0
     with pytest.raises(UserError, match="at least one run folder"):
         parse_config("rlhfkit view", ViewConfig, [])
+
+
+@contextmanager
+def served_json(folders: list[str]):
+    """`rlhfkit view FOLDERS` in this process; yields get(path) -> the JSON (or, for "/", the HTML) served."""
+    server = Server(ViewerApp(find_runs(folders)).app, "127.0.0.1", 0).start()
+
+    def get(path: str):
+        body = urllib.request.urlopen(server.url(path)).read().decode()
+        return body if path == "/" else json.loads(body)
+
+    try:
+        yield get
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -171,6 +171,7 @@ def _handler_class(app: App, quiet: bool) -> type[BaseHTTPRequestHandler]:
         server_version = "rlhfkit"
         sys_version = ""
         protocol_version = "HTTP/1.1"
+        timeout = 60  # seconds a connection may sit idle or half-sent before its thread lets it go
 
         def do_GET(self) -> None:  # noqa: N802 (the standard library's spelling)
             self._handle("GET")

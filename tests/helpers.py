@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -70,3 +73,28 @@ def weights(model_dir: Path) -> dict:
 def max_weight_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def launcher(nproc: int = 2, *extra: str) -> list[str]:
+    """``torchrun --standalone --nproc-per-node N`` as this interpreter runs it (a free port is picked)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *extra]
+
+
+def launch(args, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun ... -m rlhfkit ARGS`` with one thread per process; returns the finished process."""
+    cmd = launcher(nproc) + ["-m", "rlhfkit", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=one_thread_env())
+
+
+def one_thread_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def pref_rows(n: int = 32, seed: int = 0) -> list[dict]:
+    """Preference pairs built from ``sft_rows``: the row's completion is chosen, another row's rejected."""
+    rows = sft_rows(n, seed)
+    rng = random.Random(seed + 1)
+    return [
+        {"prompt": r["prompt"], "chosen": r["completion"], "rejected": rng.choice(rows)["completion"] + " no"}
+        for r in rows
+    ]

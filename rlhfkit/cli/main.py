@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rlhfkit.config import commands as c
 from rlhfkit.config.parse import parse_config
-from rlhfkit.errors import UserError
+from rlhfkit.errors import Preempted, UserError
 
 
 @dataclass(frozen=True)
@@ -115,17 +115,41 @@ def main(argv: list[str] | None = None) -> int:
         config, debug = parse_config(f"rlhfkit {name}", command.config, rest, command.summary)
         _quiet_libraries(debug)
         execute(name, config)
+    except Preempted as exc:
+        if launched_rank() == 0:
+            print(str(exc), file=sys.stderr)
+        return exc.exit_code
     except UserError as exc:
+        # Every process validates the same inputs: the main one reports, once.
         if debug:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        if launched_rank() == 0:
+            print(f"error: {exc}", file=sys.stderr)
         return 1
     except SystemExit as exc:  # argparse's --help (code 0)
         return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if launched_world() == 1:
+            raise
+        # One process of several failed (or lost a peer): one line naming it; the launcher stops the rest.
+        if debug:
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"error: process {launched_rank()} of {launched_world()}: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 1
     return 0
+
+
+def launched_rank() -> int:
+    """The rank a launcher (torchrun, accelerate launch) gave this process; 0 when run alone."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def launched_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def _quiet_libraries(debug: bool) -> None:

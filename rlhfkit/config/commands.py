@@ -122,6 +122,7 @@ class IOArgs:
     seed: int = options.seed()
     cpu: bool = options.cpu()
     max_prompt_length: int = options.max_prompt_length()
+    dist_timeout: int = options.dist_timeout()
 
 
 def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:

@@ -26,11 +26,21 @@ def cpu() -> Any:
     return option(False, "Run on the CPU even when a GPU is present.")
 
 
+def dist_timeout() -> Any:
+    return option(
+        600,
+        "Seconds a process waits for the others at a collective step (gathering rows, syncing gradients) before "
+        "the whole job stops with an error naming the waiting rank; guards against a silent hang when a rank "
+        "dies. Only used with several processes.",
+    )
+
+
 def batch_size(default: int) -> Any:
     return option(
         default,
-        "Rows per batch: sft/rm/dpo the micro-batch on each process, ppo the prompts (rollouts) "
-        "per step, generate/score/eval the rows per forward pass.",
+        "Rows per optimizer step over all processes (sft/rm/dpo: examples; ppo/grpo/rloo: completions, i.e. "
+        "prompts x --num-generations), split evenly over the processes and then into "
+        "--gradient-accumulation-steps micro-batches; generate/score/eval: rows per forward pass.",
     )
 
 

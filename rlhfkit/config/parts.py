@@ -51,7 +51,8 @@ class OptimArgs:
     """Peak learning rate of AdamW."""
     batch_size: int = options.batch_size(8)
     gradient_accumulation_steps: int = 1
-    """Micro-batches per optimizer step (effective batch = batch_size x this x processes)."""
+    """Micro-batches each process splits its share of a step's --batch-size rows into (one backward each, one
+optimizer step): the same update with less memory."""
     max_steps: int = -1
     """Optimizer steps to run; -1 derives them from --num-epochs."""
     num_epochs: float = 1.0
@@ -88,6 +89,7 @@ class RunArgs:
     cpu: bool = options.cpu()
     progress: bool = True
     """Show a progress bar."""
+    dist_timeout: int = options.dist_timeout()
 
 
 @dataclass

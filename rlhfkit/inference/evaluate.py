@@ -25,7 +25,8 @@ from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, ended_with_stop, sample_responses, stop_token_ids
 from rlhfkit.training.batches import chunks
-from rlhfkit.training.runtime import pick_device
+from rlhfkit.training.distributed import Ranks, gather_objects
+from rlhfkit.training.runtime import process_state
 
 
 @torch.no_grad()
@@ -57,39 +58,51 @@ def evaluate_policy(
     max_prompt_length: int = 128,
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
+    ranks: Ranks | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Sample one response per prompt and measure them; returns (metrics, sample rows)."""
+    """Sample one response per prompt and measure them; returns (metrics, sample rows). With ``ranks`` of
+    several processes, each samples and scores a contiguous share (seed + rank) and every process returns
+    the metrics and rows of all prompts."""
+    ranks = ranks or Ranks()
     tokenizer = load_tokenizer(policy_dir, trust_remote_code)
     policy = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
-    prompt_ids = [encode_prompt(tokenizer, p, max_prompt_length) for p in prompts]
-    torch.manual_seed(seed)
+    mine = [prompts[i] for i in ranks.span(len(prompts))]
+    prompt_ids = [encode_prompt(tokenizer, p, max_prompt_length) for p in mine]
+    torch.manual_seed(seed + ranks.rank)
     responses = sample_responses(policy, tokenizer, prompt_ids, generation, batch_size, device)
     texts = [decode(tokenizer, r) for r in responses]
-    rows = [{"prompt": p, "response": t} for p, t in zip(prompts, texts)]
-    metrics: dict[str, float] = {"n": float(len(texts))}
-    metrics.update({f"response/{k}": v for k, v in text_stats(texts).items()})
-    metrics["response/tokens"] = sum(map(len, responses)) / len(responses)
+    rows = [{"prompt": p, "response": t, "tokens": len(r)} for p, t, r in zip(mine, texts, responses)]
     if reward_model:
         from rlhfkit.models.reward import RewardScorer
 
         scorer = RewardScorer.load(reward_model, device, trust_remote_code)
         finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
-        scores = scorer.score(prompts, texts, finished=finished).mean.tolist()
-        metrics["reward/score"] = sum(scores) / len(scores)
-        for row, s in zip(rows, scores):
+        for row, s in zip(rows, scorer.score(mine, texts, finished=finished).mean.tolist()):
             row["score"] = s
     if judge is not None:
-        gold = [judge(render_prompt(tokenizer, p), t) for p, t in zip(prompts, texts)]
-        metrics["reward/gold"] = sum(gold) / len(gold)
-        for row, g in zip(rows, gold):
-            row["gold"] = g
+        for row, p, t in zip(rows, mine, texts):
+            row["gold"] = judge(render_prompt(tokenizer, p), t)
     if reference:
         ref = load_causal_lm(reference, trust_remote_code, tokenizer).to(device).eval()
         kls = sequence_kl(
             policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size
         )
-        metrics["kl/ref"] = sum(kls) / len(kls)
-    return metrics, rows
+        for row, kl in zip(rows, kls):
+            row["kl"] = kl
+    rows = gather_objects(rows)  # every process's, in prompt order
+    return summarize(rows), rows
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    """The metrics of ``evaluate_policy``'s rows: means of the per-row measures, text statistics."""
+    texts = [row["response"] for row in rows]
+    metrics: dict[str, float] = {"n": float(len(rows))}
+    metrics.update({f"response/{k}": v for k, v in text_stats(texts).items()})
+    metrics["response/tokens"] = sum(row["tokens"] for row in rows) / len(rows)
+    for key, name in (("score", "reward/score"), ("gold", "reward/gold"), ("kl", "kl/ref")):
+        if rows and key in rows[0]:
+            metrics[name] = sum(row[key] for row in rows) / len(rows)
+    return metrics
 
 
 def run(cfg: EvalConfig) -> dict:
@@ -102,7 +115,8 @@ def run(cfg: EvalConfig) -> dict:
             judge = get_judge(cfg.eval.gold_judge)
         except ValueError as exc:
             raise UserError(f"--gold-judge: {exc}") from None
-    device = pick_device(cfg.io.cpu)
+    state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
+    ranks = Ranks(state.process_index, state.num_processes)
     metrics, rows = evaluate_policy(
         cfg.model.model,
         [ex.prompt for ex in examples],
@@ -113,9 +127,12 @@ def run(cfg: EvalConfig) -> dict:
         seed=cfg.io.seed,
         batch_size=cfg.io.batch_size,
         max_prompt_length=cfg.io.max_prompt_length,
-        device=device,
+        device=state.device,
         trust_remote_code=cfg.model.trust_remote_code,
+        ranks=ranks,
     )
+    if not ranks.is_main:
+        return metrics
     out = Path(cfg.io.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(metrics, indent=2) + "\n")

@@ -2,7 +2,9 @@
 
 One sample per prompt writes ``{"prompt", "response", ...}``; ``--num-samples K`` writes
 ``{"prompt", "responses": [r1, ..., rK], ...}``, the candidate format `rlhfkit label` reads. Rows come out
-in input order; fields of the input row besides ``prompt`` are passed through.
+in input order; fields of the input row besides ``prompt`` are passed through. Under
+``torchrun``/``accelerate launch`` each process samples a contiguous share of the prompts (with its own
+seed + rank) and the first process writes all rows.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, sample_responses
-from rlhfkit.training.runtime import pick_device, seed_everything
+from rlhfkit.training.distributed import Ranks, gather_objects
+from rlhfkit.training.runtime import process_state, seed_everything
 
 
 def run(cfg: GenerateConfig) -> Path:
@@ -36,28 +39,37 @@ def run(cfg: GenerateConfig) -> Path:
     # 2. Model, tokenizer, prompt ids.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
-    device = pick_device(cfg.io.cpu)
+    state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
+    ranks, device = Ranks(state.process_index, state.num_processes), state.device
     model.to(device)
     prompts_ids = [encode_prompt(tokenizer, ex.prompt, cfg.io.max_prompt_length) for ex in examples]
     for i, ids in enumerate(prompts_ids):
         if not ids:
             raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
 
-    # 3. Sample: each prompt repeated K times in a row, so its K samples are neighbours in the output.
+    # 3. Sample: this process's share of the prompts, each repeated K times in a row, so a prompt's K samples
+    #    are neighbours in the output.
     per_prompt = cfg.samples.num_samples
-    seed_everything(cfg.io.seed)
-    repeated = [ids for ids in prompts_ids for _ in range(per_prompt)]
-    with tqdm(total=len(repeated), desc="generate", unit="sample", dynamic_ncols=True) as bar:
+    seed_everything(cfg.io.seed + ranks.rank)
+    mine = ranks.span(len(examples))
+    bar = tqdm(
+        total=len(mine) * per_prompt, desc="generate", unit="sample", dynamic_ncols=True, disable=not ranks.is_main
+    )
+    with bar:
+        mine_ids = [prompts_ids[i] for i in mine for _ in range(per_prompt)]
         responses = sample_responses(
-            model, tokenizer, repeated, cfg.generation, cfg.io.batch_size, device, progress=bar.update
+            model, tokenizer, mine_ids, cfg.generation, cfg.io.batch_size, device, progress=bar.update
         )
+    responses = gather_objects(responses)  # every process's, in input order
+    if not ranks.is_main:
+        return out
     texts = [decode(tokenizer, ids) for ids in responses]
 
     # 4. Write rows in input order.
     rows = []
     for i, ex in enumerate(examples):
-        mine = texts[i * per_prompt : (i + 1) * per_prompt]
-        row = {"prompt": ex.prompt, **({"response": mine[0]} if per_prompt == 1 else {"responses": mine})}
+        samples = texts[i * per_prompt : (i + 1) * per_prompt]
+        row = {"prompt": ex.prompt, **({"response": samples[0]} if per_prompt == 1 else {"responses": samples})}
         row.update({k: v for k, v in ex.extra.items() if k not in row})
         rows.append(json.dumps(row, ensure_ascii=False) + "\n")
     try:

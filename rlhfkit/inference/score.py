@@ -1,7 +1,8 @@
 """`rlhfkit score`: reward-model scores for prompt/response rows.
 
 Each output line is the input row unchanged (every field kept, same order of rows) plus ``score``,
-and ``score_std`` (the spread across members) for an ensemble reward model.
+and ``score_std`` (the spread across members) for an ensemble reward model. Under ``torchrun``/``accelerate
+launch`` each process scores a contiguous share of the rows and the first process writes them all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from rlhfkit.data.readers import read_rows
 from rlhfkit.data.schema import to_example
 from rlhfkit.errors import UserError
 from rlhfkit.models.reward import RewardScorer
-from rlhfkit.training.runtime import pick_device
+from rlhfkit.training.distributed import Ranks, gather_objects
+from rlhfkit.training.runtime import process_state
 
 
 def run(cfg: ScoreConfig) -> Path:
@@ -26,14 +28,18 @@ def run(cfg: ScoreConfig) -> Path:
         raise UserError(f"{output}: --output is a directory; give a file name")
 
     # 2. Score with the reward model's own tokenizer.
-    device = pick_device(cfg.io.cpu)
-    scorer = RewardScorer.load(cfg.score.reward_model, device, cfg.score.trust_remote_code)
+    state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
+    ranks = Ranks(state.process_index, state.num_processes)
+    scorer = RewardScorer.load(cfg.score.reward_model, state.device, cfg.score.trust_remote_code)
     scorer.max_prompt_length = cfg.io.max_prompt_length
-    scores = scorer.score([ex.prompt for ex in examples], [ex.response for ex in examples], cfg.io.batch_size)
+    mine = [examples[i] for i in ranks.span(len(examples))]
+    scores = scorer.score([ex.prompt for ex in mine], [ex.response for ex in mine], cfg.io.batch_size)
 
     # 3. Write the rows in input order, atomically.
-    mean = scores.mean.tolist()
-    std = scores.std.tolist() if scores.std is not None else None
+    mean = gather_objects(scores.mean.tolist())
+    std = gather_objects(scores.std.tolist()) if scores.std is not None else None
+    if not ranks.is_main:
+        return output
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(output.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as handle:

@@ -10,6 +10,8 @@ import contextlib
 import warnings
 from pathlib import Path
 
+import torch
+
 from rlhfkit.errors import UserError
 from rlhfkit.training.checkpoint import assert_finite
 
@@ -44,17 +46,26 @@ def adapters_off(model):
     return model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
 
 
-def save_pretrained(model, tokenizer, output_dir: str | Path) -> Path:
+def save_pretrained(model, tokenizer, output_dir: str | Path, state_dict: dict | None = None) -> Path:
     """Save the final model (LoRA merged into the root, the adapter also under ``adapter/``) + tokenizer.
 
     The LoRA merge happens in place (W += scale·B·A, saved, then subtracted again) rather than on a deep
     copy, so saving never holds a second copy of the model: at the end of a long run that copy is what
     would run out of memory. The in-memory weights come back to within float rounding.
+
+    ``state_dict``: the weights to write instead of the model's own (gathered from the shards of a sharding
+    engine; a LoRA model's are merged here from its adapter tensors).
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    assert_finite({"model": model})
-    if is_lora(model):
+    if state_dict is not None:
+        if is_lora(model):
+            state_dict = merged_lora_weights(model, state_dict)
+            model = model.get_base_model()
+        _check_finite(state_dict)
+        model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    elif is_lora(model):
+        assert_finite({"model": model})
         model.save_pretrained(out / "adapter", safe_serialization=True)
         base = model.get_base_model()
         model.merge_adapter()
@@ -63,10 +74,39 @@ def save_pretrained(model, tokenizer, output_dir: str | Path) -> Path:
         finally:
             model.unmerge_adapter()
     else:
+        assert_finite({"model": model})
         model.save_pretrained(out, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def _check_finite(state: dict) -> None:
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise FloatingPointError(f"refusing to save the model: parameter {name} is not finite")
+
+
+def merged_lora_weights(model, state: dict) -> dict:
+    """A LoRA model's full state dict (PEFT names) -> the plain model's, each adapted weight W + s·B·A.
+
+    s = lora_alpha / r; for layers stored transposed (GPT-2's Conv1D, ``fan_in_fan_out``) the update is
+    transposed too."""
+    config = model.peft_config[model.active_adapter]
+    scale = config.lora_alpha / config.r
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        if key.endswith(".base_layer.weight"):
+            stem = key[: -len(".base_layer.weight")]
+            a = state[f"{stem}.lora_A.{model.active_adapter}.weight"]  # [r, in]
+            b = state[f"{stem}.lora_B.{model.active_adapter}.weight"]  # [out, r]
+            delta = (b.float() @ a.float()) * scale
+            value = value + (delta.T if config.fan_in_fan_out else delta).to(value.dtype)
+        out[key] = value
+    prefix = "base_model.model."
+    return {k.removeprefix(prefix).replace(".base_layer.", "."): v for k, v in _without_lora(out).items()}
 
 
 def _without_lora(state: dict) -> dict:

@@ -179,16 +179,17 @@ def train(cfg: DPOConfig) -> dict:
     # 3. The reference, the batch and the loss; the shared loop does the rest.
     def objective(session: Session, trainables: Trainables) -> Objective:
         accelerator, device = session.accelerator, session.device
+        rows = session.micro_batch_size(cfg.optim)
         policy = accelerator.unwrap_model(trainables.model)
         reference = Reference(policy if lora else frozen.pop().to(device), pack_sequences)  # holds the only handle
         # Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored at
         # every evaluation), training pairs with --precompute-ref. A resumed run recomputes them; with
         # several processes each computes every row (the reference pass is a fraction of one epoch's work).
         if eval_pairs:
-            reference.precompute("eval", eval_pairs, pad_id, cfg.optim.batch_size, device, accelerator.autocast)
+            reference.precompute("eval", eval_pairs, pad_id, rows, device, accelerator.autocast)
         if cfg.dpo.precompute_ref:
             start = time.perf_counter()
-            reference.precompute("train", train_pairs, pad_id, cfg.optim.batch_size, device, accelerator.autocast)
+            reference.precompute("train", train_pairs, pad_id, rows, device, accelerator.autocast)
             session.logger.write(
                 f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in "
                 f"{time.perf_counter() - start:.1f}s"
@@ -206,7 +207,7 @@ def train(cfg: DPOConfig) -> dict:
                 reference,
                 eval_pairs,
                 pad_id,
-                cfg.optim.batch_size,
+                rows,
                 cfg.dpo,
                 device,
                 accelerator.autocast,

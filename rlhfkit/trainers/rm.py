@@ -27,7 +27,6 @@ from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
-from rlhfkit.models.lora import save_pretrained
 from rlhfkit.models.reward import (
     ENSEMBLE_FILE,
     STATS_FILE,
@@ -38,6 +37,7 @@ from rlhfkit.models.reward import (
     sequence_scores,
 )
 from rlhfkit.ops import bradley_terry_loss
+from rlhfkit.training import engines
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout, pick_device, seed_everything
@@ -158,7 +158,6 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
-    score_rows = 2 * cfg.optim.batch_size  # a training micro-batch holds 2B rows with activations; scoring keeps none
 
     # 2. The batch and the loss; the shared loop does the rest.
     def objective(session: Session, _trainables) -> Objective:
@@ -178,6 +177,9 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
                 "reward/rejected": float(r.sum()),
             }
 
+        # A training micro-batch holds 2B rows with activations; scoring keeps none.
+        score_rows = 2 * session.micro_batch_size(cfg.optim)
+
         def held_out(model) -> dict[str, float]:
             return evaluate(model, eval_pairs, pad_id, score_rows, session.device, pack_sequences)
 
@@ -192,17 +194,22 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     # 3. Final model in Hugging Face format, then the score statistics PPO normalises with (written
     #    last: their presence marks a finished model).
     def finish(session: Session, trainables: Trainables) -> None:
-        accelerator = session.accelerator
-        accelerator.wait_for_everyone()
-        if session.is_main:
-            model = accelerator.unwrap_model(trainables.model)
-            save_pretrained(model, tokenizer, session.output_dir)
+        # Every process scores (under a sharding engine each forward is a collective); the first writes.
+        model = (
+            trainables.model
+            if engines.sharded(session.accelerator)
+            else session.accelerator.unwrap_model(trainables.model)
+        )
+        rows = 2 * session.micro_batch_size(cfg.optim)
+        with torch.no_grad():
             scores = torch.cat(
                 [
-                    score_encoded(model, pairs, pad_id, score_rows, session.device, pack_sequences)
+                    score_encoded(model, pairs, pad_id, rows, session.device, pack_sequences)
                     for pairs in (train_pairs.chosen, train_pairs.rejected)
                 ]
             )
+        session.finish(trainables.model, tokenizer, close=False)
+        if session.is_main:
             stats = {
                 **score_stats(scores),
                 "max_length": cfg.data.max_length,
@@ -229,7 +236,7 @@ def write_ensemble(
     _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = pick_device(cfg.run.cpu)
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
-    rows = 2 * cfg.optim.batch_size
+    rows = 2 * max(1, cfg.optim.batch_size // cfg.optim.gradient_accumulation_steps)
     prompts = [ex.prompt for ex in train_examples]
     scores = torch.cat(
         [

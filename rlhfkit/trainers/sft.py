@@ -88,7 +88,9 @@ def train(cfg: SFTConfig) -> dict:
 
         def held_out(model) -> dict[str, float]:
             return {
-                "eval/loss": evaluate(model, eval_items, pad_id, cfg.optim.batch_size, session.device, pack_sequences)
+                "eval/loss": evaluate(
+                    model, eval_items, pad_id, session.micro_batch_size(cfg.optim), session.device, pack_sequences
+                )
             }
 
         return Objective(collate, units=completion_tokens, loss=loss, evaluate=held_out if eval_items else None)

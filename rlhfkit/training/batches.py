@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from rlhfkit.training.distributed import Ranks
 from rlhfkit.training.stream import IndexStream
 
 
-def step_indices(stream: IndexStream, optim, accelerator) -> list[list[int]]:
-    """Take one step's rows (batch_size x accumulation x processes) and return this process's micro-batches."""
-    per_process = optim.batch_size * optim.gradient_accumulation_steps
-    rows = stream.take(per_process * accelerator.num_processes)
-    mine = rows[accelerator.process_index * per_process : (accelerator.process_index + 1) * per_process]
-    return [mine[i : i + optim.batch_size] for i in range(0, per_process, optim.batch_size)]
+def step_indices(stream: IndexStream, optim, ranks: Ranks) -> list[list[int]]:
+    """Take one step's ``--batch-size`` rows (the same rows on every process) and return this process's
+    block, split into ``--gradient-accumulation-steps`` micro-batches."""
+    mine = ranks.block(stream.take(optim.batch_size))
+    micro = len(mine) // optim.gradient_accumulation_steps
+    return chunks(mine, micro)
 
 
 def chunks(items: list, size: int) -> list[list]:

@@ -6,7 +6,8 @@ DPO), and its loss summed over those units. ``fit`` owns everything else, the sa
 
   1. session: output dir, config.yaml, accelerator, logger, checkpoints (``open_session``)
   2. AdamW + schedule + data stream, restored from the newest checkpoint on ``--resume``
-  3. per step: take batch_size x accumulation rows per process, backward each micro-batch with
+  3. per step: take --batch-size rows, this process's share of them in --gradient-accumulation-steps
+     micro-batches, backward each micro-batch with
      ``loss sum x processes / units in the whole step`` (so accumulation and data parallelism give exactly
      the mean over one big batch), clip, step; stop on a non-finite loss
   4. evaluate every ``--eval-steps`` and at the end; log every ``--logging-steps``; checkpoint every
@@ -26,6 +27,7 @@ import torch
 
 from rlhfkit.training import updates
 from rlhfkit.training.batches import step_indices
+from rlhfkit.training.distributed import Ranks, per_rank
 from rlhfkit.training.session import Session, Trainables, open_session, prepare_trainables
 
 Batch = Any
@@ -62,9 +64,10 @@ def fit(
     """Train ``model`` on ``n_rows`` rows as configured by ``cfg`` (a command config with ``optim`` and
     ``run`` parts); ``objective`` is built once the session and the prepared model exist. Returns the last
     step's metrics."""
-    rows_per_step = cfg.optim.batch_size * cfg.optim.gradient_accumulation_steps
-    total = updates.total_steps(cfg.optim, n_rows, rows_per_step)
+    total = updates.total_steps(cfg.optim, n_rows, cfg.optim.batch_size)
     session = open_session(cfg, cfg.run, total, desc=name)
+    check_split(cfg.optim, session.ranks)
+    updates.check_engine(session.accelerator, cfg.optim)
     trainables = prepare_trainables(session, model, cfg.optim, n_rows, cfg.run.seed)
     task = objective(session, trainables)
     trainables.model.train()
@@ -81,11 +84,22 @@ def fit(
     return metrics
 
 
+def check_split(optim, ranks: Ranks) -> None:
+    """--batch-size must split into equal micro-batches on every process."""
+    per_rank(
+        optim.batch_size,
+        ranks.world,
+        what="--batch-size",
+        unit=optim.gradient_accumulation_steps,
+        unit_what="--gradient-accumulation-steps",
+    )
+
+
 def train_step(cfg, session: Session, trainables: Trainables, task: Objective, name: str, step: int) -> dict:
     """One optimizer step over this process's micro-batches; returns the step's metrics (global means)."""
     started = time.perf_counter()
     accelerator, model = session.accelerator, trainables.model
-    micro = [task.collate(rows) for rows in step_indices(trainables.stream, cfg.optim, accelerator)]
+    micro = [task.collate(rows) for rows in step_indices(trainables.stream, cfg.optim, session.ranks)]
     local_units = torch.tensor(float(sum(task.units(b) for b in micro)), device=session.device)
     step_units = float(accelerator.reduce(local_units, "sum"))
 

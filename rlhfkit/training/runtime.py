@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
+import os
 import random
 
 import numpy as np
 import torch
+
+from rlhfkit.training import engines
 
 
 def make_accelerator(run):
@@ -15,11 +19,31 @@ def make_accelerator(run):
     accelerate, because its per-micro-batch loss division is only right for equal token counts.
     """
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     precision = run.mixed_precision
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
-    return Accelerator(mixed_precision=precision, cpu=run.cpu, log_with=None)
+    timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
+    accelerator = Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+    engines.use_fsdp_on_cpu(accelerator)
+    return accelerator
+
+
+def _cpu(requested: bool) -> bool:
+    """CPU-only: asked for, or several processes on a machine without a GPU (accelerate then sets up gloo
+    only when told the run is on CPU)."""
+    several = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    return requested or (several and not torch.cuda.is_available())
+
+
+def process_state(cpu: bool, dist_timeout: int):
+    """The process group of a command that runs without an ``Accelerator`` (generate, score, eval): set up
+    from the launcher's environment when there are several processes; ``.device``, ``.process_index``,
+    ``.num_processes`` as accelerate's ``PartialState``."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=_cpu(cpu), timeout=datetime.timedelta(seconds=dist_timeout))
 
 
 def pick_device(cpu: bool = False) -> torch.device:

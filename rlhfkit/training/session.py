@@ -1,11 +1,14 @@
 """What every training command does around its loop: output dir, config, accelerator, logger, checkpoints.
 
 Trainers compose these pieces (no base class): ``open_session`` at the start, ``session.save`` every
-``--save-steps``, ``session.close`` at the end.
+``--save-steps``, ``session.stop_if_requested`` after every step (SIGTERM/SIGINT: checkpoint and stop),
+``session.close`` at the end.
 """
 
 from __future__ import annotations
 
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,11 +16,13 @@ import torch
 
 from rlhfkit.config.parse import save_config
 from rlhfkit.config.parts import OptimArgs, RunArgs
-from rlhfkit.errors import UserError
+from rlhfkit.errors import Preempted, UserError
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.training import updates
-from rlhfkit.training.checkpoint import Checkpointer, rng_state, set_rng_state
+from rlhfkit.training import engines, updates
+from rlhfkit.training.checkpoint import SHARDS, Checkpointer, rng_state, set_rng_state
+from rlhfkit.training.distributed import Ranks, ranks_of
 from rlhfkit.training.logger import MetricsLogger
+from rlhfkit.training.preemption import StopSignal
 from rlhfkit.training.runtime import make_accelerator, seed_everything
 from rlhfkit.training.stream import IndexStream
 
@@ -30,6 +35,8 @@ class Session:
     output_dir: Path
     start_step: int
     total_steps: int
+    stop: StopSignal
+    resume_from: Path | None = None  # the checkpoint --resume continues from
 
     @property
     def device(self) -> torch.device:
@@ -39,20 +46,60 @@ class Session:
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
 
-    def save(self, step: int, models: dict, state: dict) -> None:
-        """Checkpoint ``models`` (name -> module) and ``state`` (optimizer, scheduler, stream, ...)."""
-        self.accelerator.wait_for_everyone()
-        if self.is_main:
-            unwrapped = {k: self.accelerator.unwrap_model(m) for k, m in models.items()}
-            state = {**state, "rng": rng_state()}
-            self.checkpointer.save(step, unwrapped, state)
+    @property
+    def ranks(self) -> Ranks:
+        return ranks_of(self.accelerator)
 
-    def restore(self, models: dict) -> dict:
-        """Load the newest checkpoint into ``models``; returns its state (RNG already restored)."""
-        path = self.checkpointer.resume_point()
-        _, state = self.checkpointer.load(path, {k: self.accelerator.unwrap_model(m) for k, m in models.items()})
-        set_rng_state(state["rng"])
+    def save(self, step: int, models: dict, state: dict, optimizer=None) -> None:
+        """Checkpoint ``models`` (name -> module) and ``state`` (optimizer, scheduler, stream, ...) with every
+        process's RNG: each rank writes its part, then rank 0 the shared files and the completion marker.
+        Under a sharding engine (FSDP) the models and ``optimizer`` are written as one shard per rank
+        (``torch.distributed.checkpoint``) and ``state["optimizer"]`` is not used."""
+        ranks = self.ranks
+        if ranks.is_main:
+            self.checkpointer.begin(step)
+        self.accelerator.wait_for_everyone()
+        self.checkpointer.write_rank(step, ranks.rank, {"rng": rng_state()})
+        if engines.sharded(self.accelerator):
+            engines.save_sharded(self.checkpointer.tmp_dir(step) / SHARDS, models, optimizer)
+            state = {k: v for k, v in state.items() if k != "optimizer"}
+            models = {}
+        self.accelerator.wait_for_everyone()
+        if ranks.is_main:
+            unwrapped = {k: self.accelerator.unwrap_model(m) for k, m in models.items()}
+            self.checkpointer.save(step, unwrapped, state, world=ranks.world)
+        self.accelerator.wait_for_everyone()
+
+    def restore(self, models: dict, optimizer=None) -> dict:
+        """Load the newest intact checkpoint into ``models`` (and, under a sharding engine, ``optimizer``);
+        returns its state (RNG already restored)."""
+        path = self.resume_from or self.checkpointer.resume_point(self.ranks.world)
+        if engines.sharded(self.accelerator):
+            engines.load_sharded(path / SHARDS, models, optimizer)
+            models = {}
+        unwrapped = {k: self.accelerator.unwrap_model(m) for k, m in models.items()}
+        _, state = self.checkpointer.load(path, unwrapped, self.ranks.rank)
+        set_rng_state(state["rank"]["rng"] if "rank" in state else state["rng"])
         return state
+
+    def stop_if_requested(self, step: int, models: dict, state: dict, optimizer=None) -> None:
+        """After step ``step``: when SIGTERM/SIGINT arrived on any process, checkpoint this step (unless just
+        done) and stop with the way to resume."""
+        if not self.stop.requested(self.accelerator):
+            return
+        if self.checkpointer.latest() != self.checkpointer.root / f"step-{step}":
+            self.save(step, models, state, optimizer)
+        self.close()
+        raise Preempted(
+            f"stopped by {self.stop.name()} after step {step} of {self.total_steps}; checkpoint written to "
+            f"{self.checkpointer.root / f'step-{step}'}; run the same command with --resume to continue",
+            self.stop.signum or signal.SIGTERM,
+        )
+
+    def micro_batch_size(self, optim) -> int:
+        """Rows per forward pass on this process: --batch-size split over processes and micro-batches (also
+        the chunk size of held-out evaluation and other no-grad passes)."""
+        return max(1, optim.batch_size // (self.ranks.world * optim.gradient_accumulation_steps))
 
     def eval_due(self, step: int, eval_steps: int) -> bool:
         """Evaluate every ``eval_steps`` steps (0: never) and always at the last step."""
@@ -68,23 +115,41 @@ class Session:
         return bool(run.save_steps) and step % run.save_steps == 0
 
     def end_step(self, step: int, run: RunArgs, metrics: dict, trainables: Trainables) -> None:
-        """Log and checkpoint when due, advance the progress bar."""
+        """Log and checkpoint when due, advance the progress bar; stop here on SIGTERM/SIGINT."""
         if self.log_due(step, run, metrics):
             self.logger.log(step, metrics)
+        models, optimizer = {"model": trainables.model}, trainables.optimizer
         if self.save_due(step, run):
-            self.save(step, {"model": trainables.model}, trainables.state_dict())
+            self.save(step, models, trainables.state_dict(), optimizer)
         self.logger.advance()
+        self.stop_if_requested(step, models, trainables.state_dict(), optimizer)
 
     def close(self) -> None:
+        self.stop.__exit__()
         self.logger.close()
 
-    def finish(self, model, tokenizer) -> None:
+    def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
         """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
-        the main process once every process is done; then close the logger."""
+        the main process once every process is done; then close the logger. Under a sharding engine the
+        full weights are gathered first (every process takes part); ``prefix`` then selects the saved
+        model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
         self.accelerator.wait_for_everyone()
-        if self.is_main:
-            save_pretrained(self.accelerator.unwrap_model(model), tokenizer, self.output_dir)
-        self.close()
+        if engines.sharded(self.accelerator):
+            full = engines.full_state_dict(self.accelerator, model)
+            if self.is_main:
+                weights = {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+                target = self.accelerator.unwrap_model(model)
+                for part in filter(None, prefix.rstrip(".").split(".")):
+                    target = getattr(target, part)
+                save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
+        elif self.is_main:
+            target = self.accelerator.unwrap_model(model)
+            for part in filter(None, prefix.rstrip(".").split(".")):
+                target = getattr(target, part)
+            save_pretrained(target, tokenizer, self.output_dir)
+        self.accelerator.wait_for_everyone()
+        if close:
+            self.close()
 
 
 @dataclass
@@ -112,8 +177,9 @@ def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: i
     model, optimizer = session.accelerator.prepare(model, optimizer)
     trainables = Trainables(model, optimizer, scheduler, IndexStream(n_rows, seed))
     if session.start_step > 0:  # only --resume sets a start step
-        state = session.restore({"model": model})
-        optimizer.load_state_dict(state["optimizer"])
+        state = session.restore({"model": model}, optimizer)
+        if "optimizer" in state:  # a sharding engine restored it with the model
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         trainables.stream.load_state_dict(state["stream"])
     return trainables
@@ -128,16 +194,23 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"{out}: cannot create --output-dir ({exc.strerror})") from None
-    seed_everything(run.seed)
     accelerator = make_accelerator(run)
-    checkpointer = Checkpointer(out, run.save_total_limit)
-    start = 0
+    ranks = ranks_of(accelerator)
+    seed_everything(run.seed + ranks.rank)  # each process samples differently; rank 0 as a single process
+    checkpointer = Checkpointer(out, run.save_total_limit, warn=_main_only(ranks, print_error))
+    start, path = 0, None
     if run.resume:
-        path = checkpointer.resume_point()
+        path = checkpointer.resume_point(ranks.world)
         start = int(path.name.split("-")[1])
-    if accelerator.is_main_process:
+    if ranks.is_main:
         save_config(config, out)
-    logger = MetricsLogger(
-        out, total_steps, start, enabled=accelerator.is_main_process, progress=run.progress, desc=desc
-    )
-    return Session(accelerator, logger, checkpointer, out, start, total_steps)
+    logger = MetricsLogger(out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc)
+    return Session(accelerator, logger, checkpointer, out, start, total_steps, StopSignal().__enter__(), path)
+
+
+def print_error(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _main_only(ranks: Ranks, fn):
+    return fn if ranks.is_main else (lambda *args: None)

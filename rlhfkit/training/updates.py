@@ -8,6 +8,9 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from rlhfkit.errors import UserError
+from rlhfkit.training import engines
+
 
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
     """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors)."""
@@ -48,6 +51,18 @@ def total_steps(optim, rows: int, rows_per_step: int) -> int:
     return max(1, math.ceil(optim.num_epochs * rows / rows_per_step))
 
 
+def check_engine(accelerator, optim) -> None:
+    """DeepSpeed counts micro-batches itself: its config must agree with --gradient-accumulation-steps."""
+    if engines.engine(accelerator) != "deepspeed":
+        return
+    configured = accelerator.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps", "auto")
+    if configured not in ("auto", optim.gradient_accumulation_steps):
+        raise UserError(
+            f"the DeepSpeed config has gradient_accumulation_steps {configured} but --gradient-accumulation-steps "
+            f"is {optim.gradient_accumulation_steps}: set them to the same value"
+        )
+
+
 def accumulate(accelerator, model, micro_batches: Iterable, loss_fn: Callable) -> dict[str, float]:
     """Backward over micro-batches; ``loss_fn(batch)`` returns (loss, stats) already scaled so that the
     sum over micro-batches is the loss of the whole step (e.g. token sum / tokens in the whole step).
@@ -56,7 +71,10 @@ def accumulate(accelerator, model, micro_batches: Iterable, loss_fn: Callable) -
     """
     batches = list(micro_batches)
     totals: dict[str, float] = {}
+    deepspeed = engines.engine(accelerator) == "deepspeed"
     for i, batch in enumerate(batches):
+        if deepspeed:  # its engine steps inside backward, at the micro-batch that ends the step
+            accelerator.gradient_state._set_sync_gradients(i == len(batches) - 1)
         ctx = accelerator.no_sync(model) if i < len(batches) - 1 else contextlib.nullcontext()
         with ctx, accelerator.autocast():
             loss, stats = loss_fn(batch)

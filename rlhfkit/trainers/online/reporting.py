@@ -54,14 +54,21 @@ class SampleWriter:
                 kept = [x for x in self.path.read_text().splitlines() if x and json.loads(x)["step"] <= resume_step]
             self.path.write_text("".join(x + "\n" for x in kept))
 
-    def write(self, step: int, prompts: list, r: Rollout, tokenizer) -> None:
+    def write(self, step: int, prompts: list, r: Rollout, tokenizer, world: int = 1) -> None:
+        """The first few completions of each process's block of the whole batch ``r`` (``prompts`` aligned)."""
         if not self.logger.enabled:
             return
-        texts = tokenizer.batch_decode(r.response_ids[:SAMPLES_PER_STEP], skip_special_tokens=True)
-        rows = [
-            {"step": step, "prompt": p, "response": t, "score": float(s) if math.isfinite(s) else None}
-            for p, t, s in zip(prompts, texts, r.raw_scores.tolist())
-        ]
+        block = len(prompts) // world
+        index = [rank * block + i for rank in range(world) for i in range(min(SAMPLES_PER_STEP, block))]
+        texts = tokenizer.batch_decode(r.response_ids[index], skip_special_tokens=True)
+        scores = r.raw_scores.tolist()
+        rows = []
+        for i, text in zip(index, texts):
+            row = {"step": step, "prompt": prompts[i], "response": text}
+            row["score"] = float(scores[i]) if math.isfinite(scores[i]) else None
+            if world > 1:
+                row["rank"] = i // block
+            rows.append(row)
         with self.path.open("a") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)
         table = "\n\n".join(

@@ -12,6 +12,7 @@ import torch
 
 from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.models.sampling import ended_with_stop, sample_responses, stop_token_ids
+from rlhfkit.training.distributed import gather_rows
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Rollout:
     group_ids: torch.Tensor  # [B]    the prompt group of each row
     scores: torch.Tensor  # [B]    reward used in the update (weighted, normalised, penalised, clipped)
     raw_scores: torch.Tensor  # [B]    weighted sum of the rewards as they come (NaN where none applies)
+    valid: torch.Tensor  # [B]    bool: some reward applies to the row
+    finished: torch.Tensor  # [B]    bool: the completion ended with a stop token (not cut off)
     logprobs: torch.Tensor  # [B, T] log pi_old(a_t | s_t), the policy that sampled
     ref_logprobs: torch.Tensor | None  # [B, T] log pi_ref(a_t | s_t); None without a reference
     values: torch.Tensor | None  # [B, T] V_old(s_t); None without a critic
@@ -47,6 +50,26 @@ class Rollout:
         """The rows ``index`` of every field (a minibatch)."""
         chosen = {f.name: getattr(self, f.name) for f in fields(self)}
         return replace(self, **{k: v[index] for k, v in chosen.items() if v is not None})
+
+
+QUERY_FIELDS = ("query_ids", "query_mask")  # left-padded: padded at the front when gathered
+
+
+def gather_rollout(accelerator, r: Rollout, pad_id: int) -> Rollout:
+    """Every rank's rollout, rows in rank order, on every rank (``r`` itself with one process). Prompt columns
+    are padded at the front and response columns at the back to the longest rank's; ``NaN`` raw scores
+    (no reward applies) stay ``NaN``."""
+    if accelerator.num_processes == 1:
+        return r
+    out = {}
+    for f in fields(r):
+        value = getattr(r, f.name)
+        pad = pad_id if f.name in ("query_ids", "response_ids") else 0
+        if value is not None and value.dtype == torch.bool:  # collectives move numbers
+            out[f.name] = gather_rows(accelerator, value.to(torch.uint8)).bool()
+        else:
+            out[f.name] = gather_rows(accelerator, value, pad, pad_first=f.name in QUERY_FIELDS)
+    return Rollout(**out)
 
 
 @torch.no_grad()

@@ -39,8 +39,9 @@ from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter, rollout_metrics
 from rlhfkit.trainers.online.rewards import RewardBatch, Rewards, build_rewards
-from rlhfkit.trainers.online.rollout import Rollout, generate
-from rlhfkit.training import updates
+from rlhfkit.trainers.online.rollout import Rollout, gather_rollout, generate
+from rlhfkit.training import engines, updates
+from rlhfkit.training.distributed import any_rank, gather_objects, gather_rows, per_rank, reduce_mean, reduce_sum
 from rlhfkit.training.runtime import disable_dropout
 from rlhfkit.training.session import open_session
 from rlhfkit.training.stream import IndexStream
@@ -134,19 +135,18 @@ class OnlineTrainer:
         step_start = phase_start = time.perf_counter()
         # 1. Generate.
         self.actor_critic.eval()
-        query_ids, query_mask, response_ids, response_mask, finished = generate(
-            self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
-        )
+        with engines.gathered_for_generation(self.accelerator, self.actor_critic):
+            query_ids, query_mask, response_ids, response_mask, finished = generate(
+                self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
+            )
         metrics["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Reward.
         phase_start = time.perf_counter()
         texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
         reward = self.rewards(RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows))
-        # With several processes, the rewards (and every member of a group) are gathered here, before any
-        # group or batch normalisation below.
         scores, valid = reward.total.to(self.device).float(), reward.valid.to(self.device)
-        metrics.update(self.reward_metrics(reward))
+        components = {k: gather_rows(self.accelerator, v.to(self.device)) for k, v in reward.components.items()}
         metrics["time/score_s"] = time.perf_counter() - phase_start
         # 3-4. Old log-probs and values (one pass), reference log-probs.
         phase_start = time.perf_counter()
@@ -169,51 +169,75 @@ class OnlineTrainer:
         ref_logprobs = ref_logprobs * mask if ref_logprobs is not None else None
         values = values * mask if values is not None else None
         metrics["time/forward_s"] = time.perf_counter() - phase_start
+        local = Rollout(
+            query_ids,
+            query_mask,
+            response_ids,
+            response_mask,
+            response_mask,  # the loss mask, set with the advantages below
+            torch.tensor(batch.group_ids, device=self.device),
+            scores,
+            reward.score.to(self.device),
+            valid,
+            torch.tensor(finished, device=self.device),
+            logprobs,
+            ref_logprobs,
+            values,
+            torch.zeros_like(mask),  # rewards, advantages, returns: below
+            torch.zeros_like(mask),
+            torch.zeros_like(mask),
+        )
+        # Steps 5-6 need the whole batch (group and batch statistics, whitening): with several processes every
+        # rank gathers every rank's rows and computes them exactly as one process would, then keeps its own.
+        everyone = self.credit(gather_rollout(self.accelerator, local, self.tokenizer.pad_token_id), metrics)
+        metrics.update(self.reward_metrics(components, everyone.valid))
+        rows = torch.arange(len(batch.rows), device=self.device) + self.session.ranks.rank * len(batch.rows)
+        mine = everyone.select(rows)
+        P, T = query_ids.shape[1], response_ids.shape[1]
+        rollout = replace(
+            local,
+            loss_mask=mine.loss_mask[:, :T],
+            scores=mine.scores,
+            rewards=mine.rewards[:, :T],
+            advantages=mine.advantages[:, :T],
+            returns=mine.returns[:, :T],
+        )
+        assert mine.query_ids.shape[1] >= P
+        metrics["time/rollout_s"] = time.perf_counter() - step_start
+        return rollout, everyone, first_pass, metrics
+
+    def credit(self, r: Rollout, metrics: dict) -> Rollout:
+        """Steps 5-6 on a whole batch: per-token rewards, advantages, returns and the loss mask."""
+        mask = r.response_mask.float()
+        valid, scores = r.valid, r.scores
         # 5. Per-token rewards: the reward at the last real token, minus beta*KL_t when the KL is in the reward.
         G = self.adv_args.num_generations
         if G > 1:
             scores = fill_invalid_from_group(scores, valid, G)  # rows no reward applies to: the group mean
         if self.kl_in_reward:
-            kl = ops.kl_penalty(logprobs, ref_logprobs, self.kl_args.kl_estimator) * mask
+            kl = ops.kl_penalty(r.logprobs, r.ref_logprobs, self.kl_args.kl_estimator) * mask
             rewards = ops.per_token_rewards(scores, kl, mask, self.kl_ctl.value)
         else:
             rewards = ops.per_token_rewards(scores, torch.zeros_like(mask), mask, 0.0)
         # 6. Advantages.
         estimator = ops.get_advantage_estimator(self.adv_args.advantage)
-        advantages, returns = estimator(rewards, mask, self.advantage_config, values)
+        advantages, returns = estimator(rewards, mask, self.advantage_config, r.values)
         if self.adv_args.whiten_advantages and self.adv_args.advantage in CRITIC_ESTIMATORS:
             advantages = ops.masked_whiten(advantages, mask) * mask
-        loss_mask = self.loss_mask(response_mask, finished, scores, valid, metrics)
+        loss_mask = self.loss_mask(r.response_mask, r.finished, scores, valid, metrics)
         advantages = advantages * valid.unsqueeze(1).to(advantages.dtype)  # no reward applies: advantage 0
-        rollout = Rollout(
-            query_ids,
-            query_mask,
-            response_ids,
-            response_mask,
-            loss_mask,
-            torch.tensor(batch.group_ids, device=self.device),
-            scores,
-            reward.score.to(self.device),
-            logprobs,
-            ref_logprobs,
-            values,
-            rewards,
-            advantages,
-            returns,
-        )
-        metrics["time/rollout_s"] = time.perf_counter() - step_start
-        return rollout, first_pass, metrics
+        return replace(r, loss_mask=loss_mask, scores=scores, rewards=rewards, advantages=advantages, returns=returns)
 
-    def reward_metrics(self, reward) -> dict[str, float]:
+    def reward_metrics(self, components: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, float]:
         """``reward/<name>`` of each component when there are several (mean where it applies), and the share
         of completions no reward applied to."""
         out: dict[str, float] = {}
-        if len(reward.components) > 1 or self.cfg.algorithm != "ppo":
-            for name, values in reward.components.items():
+        if len(components) > 1 or self.cfg.algorithm != "ppo":
+            for name, values in components.items():
                 applies = ~torch.isnan(values)
                 out[f"reward/{name}"] = float(values[applies].mean()) if applies.any() else math.nan
-        if not bool(reward.valid.all()):
-            out["reward/unscored_fraction"] = float((~reward.valid).float().mean())
+        if not bool(valid.all()):
+            out["reward/unscored_fraction"] = float((~valid).float().mean())
         return out
 
     def loss_mask(self, response_mask, finished, scores, valid, metrics: dict) -> torch.Tensor:
@@ -222,7 +246,7 @@ class OnlineTrainer:
         --drop-zero-std-groups). Also counts the zero-std groups into ``metrics``."""
         keep = valid.clone()
         if self.policy_args.mask_truncated_completions:
-            keep &= torch.tensor(finished, device=keep.device)
+            keep &= finished
         G = self.adv_args.num_generations
         if G > 1 and self.adv_args.advantage in GROUP_ESTIMATORS:
             groups = scores.view(-1, G)
@@ -284,16 +308,21 @@ class OnlineTrainer:
         )
         return loss, {k: float(v.detach()) for k, v in stats.items()}
 
-    def share(self, micro: Rollout, minibatch_mask: torch.Tensor) -> float:
-        """A micro-batch's share of its minibatch's loss, so that accumulation gives exactly the minibatch's
-        loss: by tokens for token-mean, by (non-empty) rows for the per-sequence aggregations. A value loss
-        (a token mean) under a per-sequence aggregation is weighted by rows too."""
+    def units(self, loss_mask: torch.Tensor) -> float:
+        """The loss units of rows with ``loss_mask`` ``[b, T]``: tokens for token-mean, non-empty rows for
+        seq-mean-token-mean, rows for the other per-sequence aggregations."""
         if self.policy_args.loss_aggregation == "token-mean":
-            return float(micro.loss_mask.sum()) / max(float(minibatch_mask.sum()), 1.0)
+            return float(loss_mask.sum())
         if self.policy_args.loss_aggregation == "seq-mean-token-mean":
-            rows = float((micro.loss_mask.sum(dim=1) > 0).sum())
-            return rows / max(float((minibatch_mask.sum(dim=1) > 0).sum()), 1.0)
-        return micro.loss_mask.shape[0] / minibatch_mask.shape[0]
+            return float((loss_mask.sum(dim=1) > 0).sum())
+        return float(loss_mask.shape[0])
+
+    def share(self, micro: Rollout, minibatch_units: float) -> float:
+        """A micro-batch's share of its minibatch's loss, so that accumulation, and the gradient averaging
+        over processes, give exactly the loss of the whole minibatch: its units over the minibatch's units on
+        all processes, times the number of processes (which the averaging divides out). A value loss (a
+        token mean) under a per-sequence aggregation is weighted by rows too."""
+        return self.units(micro.loss_mask) * self.accelerator.num_processes / max(minibatch_units, 1.0)
 
     def train_epochs(self, rollout: Rollout, first_pass: tuple | None = None) -> dict:
         """Epochs over shuffled minibatches. ``first_pass``: the whole rollout's forward outputs
@@ -309,7 +338,7 @@ class OnlineTrainer:
             reuse = epoch == 0 and first_pass is not None
             for start in range(0, B, mb_size):
                 mb_index = order[start : start + mb_size]
-                mb_mask = rollout.loss_mask[mb_index]
+                mb_units = reduce_sum(self.accelerator, self.units(rollout.loss_mask[mb_index]))
                 micro = [
                     rollout.select(mb_index[i : i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)
                 ]
@@ -319,11 +348,11 @@ class OnlineTrainer:
                         tuple(_select(o, mb_index) for o in first_pass) if reuse else None
                     )  # rows in minibatch order
                     loss, stats = self.loss(mb, outputs)
-                    share = self.share(mb, mb_mask)
+                    share = self.share(mb, mb_units)
                     return loss * share, {k: v * share for k, v in stats.items()}
 
                 stats = updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn)
-                if not math.isfinite(stats["loss/total"]):
+                if any_rank(self.accelerator, not math.isfinite(stats["loss/total"])):
                     self.optimizer.zero_grad(set_to_none=True)
                     return {"non_finite": 1.0}
                 stats["grad_norm"] = updates.step(
@@ -338,8 +367,8 @@ class OnlineTrainer:
         """Steps 1-8 on one batch of prompts (repeated G times); returns the step's metrics (with the rollout
         under ``"_rollout"``), or {} when a non-finite reward or loss made the step skip its update."""
         step_start = time.perf_counter()
-        rollout, first_pass, metrics = self.make_rollout(batch)
-        if not torch.isfinite(rollout.rewards).all() or not torch.isfinite(rollout.advantages).all():
+        rollout, everyone, first_pass, metrics = self.make_rollout(batch)
+        if not torch.isfinite(everyone.rewards).all() or not torch.isfinite(everyone.advantages).all():
             return self._skip("reward")
         phase_start = time.perf_counter()
         train_stats = self.train_epochs(rollout, first_pass)
@@ -348,14 +377,15 @@ class OnlineTrainer:
             return self._skip("loss")
         self.bad_steps = 0
         metrics["time/update_s"] = time.perf_counter() - phase_start
-        # 8. Control and log.
-        metrics = {**rollout_metrics(rollout, self.kl_ctl.value), **metrics}
+        # 8. Control and log: the experience metrics and beta's update come from the whole batch (the same on
+        # every process); the loss terms and timings are averaged over processes.
+        metrics = reduce_mean(self.accelerator, {**metrics, **train_stats})
+        metrics = {**rollout_metrics(everyone, self.kl_ctl.value), **metrics}
         if self.has_reference:
-            self.kl_ctl.update(metrics["kl/ref"], n_steps=rollout.scores.shape[0])
-        metrics.update(train_stats)
+            self.kl_ctl.update(metrics["kl/ref"], n_steps=everyone.scores.shape[0])
         metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
         metrics["time/step_s"] = time.perf_counter() - step_start
-        metrics["_rollout"] = rollout
+        metrics["_rollout"] = everyone
         return metrics
 
     def _skip(self, what: str) -> dict:
@@ -390,7 +420,8 @@ class OnlineTrainer:
         }
 
     def load_state_dict(self, state: dict, stream: IndexStream) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # a sharding engine restored it with the model
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.kl_ctl.load_state_dict(state["kl_controller"])
         stream.load_state_dict(state["stream"])
@@ -402,15 +433,38 @@ class PromptBatch:
 
     prompts, prompt_ids: ``[B]`` prompt (text or messages) and its token ids; rows: the 0-based data row of
     each; columns: the rows' other fields as lists aligned with ``prompts``; group_ids: ``[B]`` the group of
-    each row (rows ``[k*G, (k+1)*G)`` form group ``k``)."""
+    each row (rows ``[k*G, (k+1)*G)`` form group ``first_group + k``; with several processes the groups are
+    numbered over the whole step)."""
 
-    def __init__(self, examples: list, prompt_ids: list[list[int]], index: list[int], group_size: int):
+    def __init__(
+        self, examples: list, prompt_ids: list[list[int]], index: list[int], group_size: int, first_group: int = 0
+    ):
         self.rows = [i for i in index for _ in range(group_size)]
         self.prompts = [examples[i].prompt for i in self.rows]
         self.prompt_ids = [prompt_ids[i] for i in self.rows]
         names = list(dict.fromkeys(k for i in index for k in examples[i].extra))
         self.columns = {name: [examples[i].extra.get(name) for i in self.rows] for name in names}
-        self.group_ids = [k for k in range(len(index)) for _ in range(group_size)]
+        self.group_ids = [first_group + k for k in range(len(index)) for _ in range(group_size)]
+
+
+def check_split(cfg: OnlineConfig, world: int) -> None:
+    """A step's completions split into whole groups per process, and each process's share into whole
+    minibatches and micro-batches."""
+    G = cfg.advantage.num_generations
+    prompts = cfg.optim.batch_size // G
+    if prompts % world:
+        raise UserError(
+            f"--batch-size {cfg.optim.batch_size} / --num-generations {G} = {prompts} prompts per step must be "
+            f"divisible by the number of processes ({world}): a prompt's completions stay on one process"
+        )
+    split = cfg.policy.num_minibatches * cfg.optim.gradient_accumulation_steps
+    per_rank(
+        cfg.optim.batch_size,
+        world,
+        what="--batch-size",
+        unit=split,
+        unit_what="--num-minibatches x --gradient-accumulation-steps",
+    )
 
 
 def fill_invalid_from_group(scores: torch.Tensor, valid: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -480,6 +534,9 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         else updates.total_steps(cfg.optim, len(examples), prompts_per_step)
     )
     session = open_session(cfg, cfg.run, steps, desc=cfg.algorithm)
+    ranks = session.ranks
+    check_split(cfg, ranks.world)
+    updates.check_engine(session.accelerator, cfg.optim)
     if scorer is None and cfg.reward.reward_model:
         scorer = RewardScorer.load(
             cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
@@ -489,7 +546,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         ref_model.to(session.device)
     trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session)
     stream = IndexStream(len(examples), cfg.run.seed)
-    resumed = session.restore(trainer.checkpoint_models()) if cfg.run.resume else None
+    resumed = session.restore(trainer.checkpoint_models(), trainer.optimizer) if cfg.run.resume else None
     if resumed is not None:
         trainer.load_state_dict(resumed, stream)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
@@ -500,25 +557,29 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     # 4. The loop: one step per batch of prompts.
     metrics: dict = {}
     for step in range(session.start_step + 1, steps + 1):
-        batch = PromptBatch(examples, prompt_ids, stream.take(prompts_per_step), G)
+        # Every process takes the same prompts from the stream and keeps its own block of them.
+        index = ranks.block(stream.take(prompts_per_step))
+        batch = PromptBatch(examples, prompt_ids, index, G, first_group=ranks.rank * len(index))
         metrics = trainer.step(batch)
-        rollout = metrics.pop("_rollout", None)
+        rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
-            metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+            with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
+                metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
         if session.log_due(step, cfg.run, metrics):
             session.logger.log(step, metrics)
         if rollout is not None and (step % cfg.monitor.sample_steps == 0 or step == steps):
-            samples.write(step, batch.prompts, rollout, tokenizer)
+            samples.write(step, gather_objects(batch.prompts), rollout, tokenizer, ranks.world)
         if cfg.kl.ref_update_steps and step % cfg.kl.ref_update_steps == 0:
             trainer.refresh_reference()
+        state = lambda: {**trainer.state_dict(stream), "monitor": monitor.state_dict()}  # noqa: E731
         if session.save_due(step, cfg.run):
-            state = {**trainer.state_dict(stream), "monitor": monitor.state_dict()}
-            session.save(step, trainer.checkpoint_models(), state)
+            session.save(step, trainer.checkpoint_models(), state(), trainer.optimizer)
         session.logger.advance()
+        session.stop_if_requested(step, trainer.checkpoint_models(), state(), trainer.optimizer)
 
     # 5. Final policy in Hugging Face format; a value head stays in checkpoints/.
-    session.finish(trainer.policy, tokenizer)
+    session.finish(trainer.actor_critic, tokenizer, prefix="policy.")
     return metrics

@@ -127,7 +127,7 @@ def test_one_policy_pass_per_micro_batch_over_chosen_and_rejected(
         "--max-steps",
         "2",
         "--batch-size",
-        "3",
+        "6",
         "--gradient-accumulation-steps",
         "2",
         "--precompute-ref",

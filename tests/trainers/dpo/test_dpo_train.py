@@ -68,8 +68,8 @@ def test_resume_ends_with_the_same_weights(dpo_config, monkeypatch):
     killed = dpo_config("killed", "--save-steps", "3")
     real_save = Session.save
 
-    def save_then_die(self, step, models, state):
-        real_save(self, step, models, state)
+    def save_then_die(self, step, models, state, optimizer=None):
+        real_save(self, step, models, state, optimizer)
         raise KeyboardInterrupt("killed after the step-3 checkpoint")
 
     monkeypatch.setattr(Session, "save", save_then_die)
@@ -104,7 +104,7 @@ def test_precomputed_reference_gives_the_same_loss_curve(dpo_config):
 
 def test_gradient_accumulation_matches_one_big_batch(dpo_config):
     big = dpo_config("big", "--max-steps", "4")
-    accumulated = dpo_config("acc", "--max-steps", "4", "--batch-size", "2", "--gradient-accumulation-steps", "2")
+    accumulated = dpo_config("acc", "--max-steps", "4", "--gradient-accumulation-steps", "2")
     dpo.train(big)
     dpo.train(accumulated)
     for ra, rb in zip(read_metrics(big.run.output_dir), read_metrics(accumulated.run.output_dir)):

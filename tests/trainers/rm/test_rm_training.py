@@ -100,7 +100,7 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_lm, task_data, tmp_pat
     rm.train(rm_config(common + ["--output-dir", str(tmp_path / "a"), "--batch-size", "8"]))
     rm.train(
         rm_config(
-            common + ["--output-dir", str(tmp_path / "b"), "--batch-size", "4", "--gradient-accumulation-steps", "2"]
+            common + ["--output-dir", str(tmp_path / "b"), "--batch-size", "8", "--gradient-accumulation-steps", "2"]
         )
     )
     la, lb = metrics(tmp_path / "a"), metrics(tmp_path / "b")

@@ -116,7 +116,7 @@ def test_gradient_accumulation_invariance(tiny_model_dir, tmp_path, capsys):
     common = dict(max_steps=4, learning_rate=1e-3, warmup_steps=1)
     big, w_big = _run_sft(capsys, tiny_model_dir, data, tmp_path / "big", batch_size=8, **common)
     acc, w_acc = _run_sft(
-        capsys, tiny_model_dir, data, tmp_path / "acc", batch_size=1, gradient_accumulation_steps=8, **common
+        capsys, tiny_model_dir, data, tmp_path / "acc", batch_size=8, gradient_accumulation_steps=8, **common
     )
     base = weights(tiny_model_dir)
     assert max_weight_diff(w_big, base) > 1e-3  # training moved the weights

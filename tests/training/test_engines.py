@@ -1,0 +1,105 @@
+"""FSDP2 through accelerate's plugin (examples/accelerate/fsdp2.yaml), on two CPU processes: the same
+training as data parallel, sharded checkpoints that resume, a final model plain transformers loads; and a
+job stopped by SIGTERM on two processes resumes to the uninterrupted result."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import launch, one_thread_env, sft_rows, write_jsonl
+
+FSDP2 = Path(__file__).parents[2] / "examples" / "accelerate" / "fsdp2.yaml"
+
+
+def accelerate_launch(config: Path, args: list, timeout: float = 300, **popen):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    cmd += ["--num_processes", "2", "--mixed_precision", "no", "-m", "rlhfkit", *map(str, args)]
+    if popen:
+        return subprocess.Popen(cmd, env=one_thread_env(), **popen)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=one_thread_env())
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("engines") / "sft.jsonl", sft_rows(32, seed=3))
+
+
+def sft(model, data, out, *extra) -> list:
+    args = ["sft", "--model", model, "--data", data, "--output-dir", out, "--batch-size", 8, "--max-steps", 4]
+    return args + ["--learning-rate", "1e-3", "--progress", "false", "--save-steps", 2, *extra]
+
+
+def test_fsdp2_trains_as_data_parallel_and_resumes_from_sharded_checkpoints(tiny_model_dir, sft_data, tmp_path):
+    ddp = launch(sft(tiny_model_dir, sft_data, tmp_path / "ddp"))
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    fsdp = accelerate_launch(FSDP2, sft(tiny_model_dir, sft_data, tmp_path / "fsdp"))
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    for a, b in zip(rows(tmp_path / "ddp"), rows(tmp_path / "fsdp"), strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5) and a["grad_norm"] == pytest.approx(
+            b["grad_norm"], rel=1e-4
+        )
+    step = tmp_path / "fsdp" / "checkpoints" / "step-4"
+    shards = sorted(p.name for p in (step / "shards").iterdir())
+    assert sum(name.endswith(".distcp") for name in shards) == 2  # one shard file per process
+    meta = json.loads((step / "meta.json").read_text())
+    assert meta["world_size"] == 2 and {"rank-0.pt", "rank-1.pt"} <= set(meta["files"])
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp")  # one gathered Hugging Face directory
+    a, b = load_file(tmp_path / "ddp" / "model.safetensors"), model.state_dict()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
+
+    # resume: drop the last checkpoint and the final model, continue from the sharded step-2 checkpoint
+    import shutil
+
+    shutil.rmtree(step)
+    (tmp_path / "fsdp" / "model.safetensors").unlink()
+    again = accelerate_launch(FSDP2, sft(tiny_model_dir, sft_data, tmp_path / "fsdp", "--resume"))
+    assert again.returncode == 0, again.stderr[-3000:]
+    for a, b in zip(rows(tmp_path / "ddp"), rows(tmp_path / "fsdp"), strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5), a["step"]
+
+
+def test_sigterm_on_two_processes_checkpoints_and_resumes_exactly(tiny_model_dir, sft_data, tmp_path):
+    args = sft(tiny_model_dir, sft_data, tmp_path / "run", "--max-steps", 120, "--save-steps", 1000)
+    whole = launch([*args[:6], tmp_path / "whole", *args[7:]])
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    from tests.helpers import launcher
+
+    job = subprocess.Popen(
+        launcher(2) + ["-m", "rlhfkit", *map(str, args)], env=one_thread_env(), stderr=subprocess.PIPE, text=True
+    )
+    log = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (log.is_file() and log.read_text().count("\n") >= 5) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)  # to the launcher, which passes it to both processes
+    _, err = job.communicate(timeout=120)
+    assert job.returncode != 0
+    stopped = [line for line in err.splitlines() if line.startswith("stopped by")]
+    assert len(stopped) == 1 and "--resume" in stopped[0], err[-2000:]
+    step = int(stopped[0].split("after step ")[1].split()[0])
+    assert step < 120 and (tmp_path / "run" / "checkpoints" / f"step-{step}" / "meta.json").is_file()
+
+    resumed = launch([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = rows(tmp_path / "whole"), rows(tmp_path / "run")
+    assert [r["step"] for r in b] == list(range(1, 121))
+    assert all(x["loss"] == pytest.approx(y["loss"], abs=1e-6) for x, y in zip(a, b))
+    wa, wb = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "run" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -17,6 +17,7 @@ import html
 import ipaddress
 import json
 import re
+import socket
 import sys
 import threading
 import traceback
@@ -173,6 +174,16 @@ def _handler_class(app: App, quiet: bool) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
         timeout = 60  # seconds a connection may sit idle or half-sent before its thread lets it go
 
+        def setup(self) -> None:
+            super().setup()
+            with self.server.connections_lock:
+                self.server.connections.add(self.connection)
+
+        def finish(self) -> None:
+            with self.server.connections_lock:
+                self.server.connections.discard(self.connection)
+            super().finish()
+
         def do_GET(self) -> None:  # noqa: N802 (the standard library's spelling)
             self._handle("GET")
 
@@ -226,6 +237,8 @@ class Server:
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
         self.httpd.daemon_threads = True
+        self.httpd.connections = set()  # open client connections, so that stop() ends kept-alive ones too
+        self.httpd.connections_lock = threading.Lock()
         self.host = host
         self.port = self.httpd.server_address[1]
         app.allowed_hosts = _loopback_host_names(self.port) if is_loopback(host) else None
@@ -251,6 +264,13 @@ class Server:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        with self.httpd.connections_lock:
+            connections = list(self.httpd.connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if self._thread is not None:
             self._thread.join()
 

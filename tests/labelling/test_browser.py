@@ -43,9 +43,9 @@ def shown(driver) -> tuple[str, str, str]:
 
 
 def open_page(driver, url):
+    console_errors(driver)  # forget what earlier pages logged
     driver.get(url)
     wait_until(driver, lambda d: "labelled" in by_testid(d, "progress").text)
-    console_errors(driver)  # start counting from here
 
 
 def test_label_by_click_and_keyboard_with_undo_tie_strength_progress_and_done(browser, tmp_path):
@@ -175,5 +175,25 @@ def test_model_text_that_tries_to_run_script_is_shown_as_text(browser, tmp_path)
         assert seen == {True, False}
         assert browser.execute_script("return window.__pwned === undefined")
         assert console_errors(browser) == []
+    finally:
+        running.stop()
+
+
+def test_an_answer_sent_while_the_server_is_down_is_stored_once_when_it_is_back(browser, tmp_path):
+    from rlhfkit.labelling.app import LabelApp
+    from rlhfkit.web.server import Server
+
+    running = serve(tmp_path, candidate_rows(3), "--annotators", "alice")
+    port = running.server.port
+    try:
+        open_page(browser, running.url("alice"))
+        wait_progress(browser, 0, 3)
+        running.server.stop()  # the server goes away; the store (the file) stays
+        by_testid(browser, "choose-b").click()
+        wait_until(browser, lambda d: "trying again" in d.find_element("id", "status").text)
+        running.server = Server(LabelApp(running.store).app, "127.0.0.1", port).start()  # back on the same port
+        wait_progress(browser, 1, 3)
+        assert [j.choice for j in running.store.judgments(include_undone=True)] == ["b"]
+        assert all("ERR_CONNECTION_REFUSED" in e for e in console_errors(browser))  # only the failed tries
     finally:
         running.stop()

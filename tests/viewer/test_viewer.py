@@ -143,6 +143,7 @@ def test_the_page_draws_every_metric_with_the_runs_overlaid(browser, viewer, tmp
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    console_errors(browser)  # forget what earlier pages logged
     browser.get(viewer.url("/"))
     wait = WebDriverWait(browser, 10, poll_frequency=0.05)
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".chart")) == len(METRICS) + 1)

@@ -40,7 +40,10 @@ class LabelApp:
         self.store = store
         self.guidelines_html = ""
         if guidelines:
-            self.guidelines_html = markdown.render(Path(guidelines).read_text(encoding="utf-8"))
+            try:
+                self.guidelines_html = markdown.render(Path(guidelines).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UserError(f"{guidelines}: cannot read --guidelines as UTF-8 text ({exc})") from None
         self.app = App()
         self.app.route("GET", r"/", self.index)
         self.app.route("GET", r"/a/(?P<token>[\w-]+)", self.label_page)

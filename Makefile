@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv install test lint demo bench clean
+.PHONY: venv install browser test lint demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,8 +19,19 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-test: install
-	$(BIN)/python -m pytest -n 2 tests
+# The web pages' tests drive a headless Chromium through its chromedriver, both from the system's packages.
+# Installed here when missing and the machine allows it (root with apt); otherwise those tests skip and say why.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium and chromium-driver (apt) for the browser tests"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+			|| echo "could not install chromium: the browser tests will be skipped"; \
+	else echo "no chromium/chromedriver and no root apt to install them: the browser tests will be skipped"; fi
+
+# -rs lists why tests were skipped (no browser, for instance)
+test: install browser
+	$(BIN)/python -m pytest -n 2 -rs tests
 
 # ruff: lint rules and formatting, configured in pyproject.toml
 lint: install

@@ -8,7 +8,22 @@ The command line is ``rlhfkit COMMAND``; the same commands are Python functions 
 See ``rlhfkit.api`` for what they take and return.
 """
 
-from rlhfkit.api import Result, demo, dpo, evaluate, generate, grpo, init_model, ppo, rloo, rm, score, sft
+from rlhfkit.api import (
+    Result,
+    demo,
+    dpo,
+    evaluate,
+    generate,
+    grpo,
+    init_model,
+    label,
+    ppo,
+    rloo,
+    rm,
+    score,
+    sft,
+    view,
+)
 from rlhfkit.errors import UserError
 
 __version__ = "0.1.0"
@@ -22,9 +37,11 @@ __all__ = [
     "generate",
     "grpo",
     "init_model",
+    "label",
     "ppo",
     "rloo",
     "rm",
     "score",
     "sft",
+    "view",
 ]

@@ -191,6 +191,28 @@ def evaluate(config=None, /, **options: Any) -> Result:
     return Result(output.parent, dict(metrics), output)
 
 
+def label(config=None, /, **options: Any) -> Result:
+    """The preference-labelling page (``rlhfkit label``): ``output_dir`` required, ``data`` (candidates) the
+    first time. Serves until interrupted; with ``export=True`` it writes ``prefs.jsonl``, ``ties.jsonl`` and
+    ``agreement.json`` into ``output_dir`` instead and returns at once (``output`` is ``prefs.jsonl``,
+    ``metrics`` the agreement report)."""
+    paths, resolved = _run("label", config, **options)
+    out = Path(resolved["output_dir"])
+    if not paths:
+        return Result(out)
+    return Result(out, json.loads(paths["agreement.json"].read_text(encoding="utf-8")), paths["prefs.jsonl"])
+
+
+def view(config=None, /, **options: Any) -> Result:
+    """The page of training runs (``rlhfkit view``): ``runs`` a list of run folders. Serves until interrupted."""
+    if isinstance(options.get("runs"), (str, Path)):
+        options["runs"] = [options["runs"]]
+    if "runs" in options:
+        options["runs"] = [str(r) for r in options["runs"]]
+    _, resolved = _run("view", config, **options)
+    return Result(Path(resolved["runs"][0]))
+
+
 def demo(config=None, /, **options: Any) -> Result:
     """The built-in task end to end with a report (``rlhfkit demo``); ``metrics`` is its summary."""
     summary, resolved = _run("demo", config, **options)

@@ -52,3 +52,13 @@ def tiny_model_dir(tmp_path_factory, tiny_corpus) -> Path:
     out = tmp_path_factory.mktemp("tiny_gpt2")
     init_model(InitModelConfig(output_dir=str(out), corpus=str(tiny_corpus), arch="gpt2", size="tiny", seed=0))
     return out
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium (Selenium WebDriver), shared by a test process; skips when none can run here."""
+    from tests.web.browser import start_browser
+
+    driver = start_browser()
+    yield driver
+    driver.quit()

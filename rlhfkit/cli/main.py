@@ -64,6 +64,16 @@ COMMANDS: dict[str, Command] = {
         "rlhfkit.inference.evaluate:run",
         "sample a policy on prompts: RM score, gold score, KL to a reference, length, diversity -> JSON",
     ),
+    "label": Command(
+        c.LabelConfig,
+        "rlhfkit.labelling.app:run",
+        "a web page where people compare pairs of responses -> prefs.jsonl for rm / dpo (--export)",
+    ),
+    "view": Command(
+        c.ViewConfig,
+        "rlhfkit.viewer.app:run",
+        "a web page of training runs: every metric's curve (runs overlaid), samples by step, the report",
+    ),
     "demo": Command(
         c.DemoConfig,
         "rlhfkit.demo.pipeline:run",

@@ -7,11 +7,13 @@ from rlhfkit.config.commands import (
     GenerateConfig,
     GRPOConfig,
     InitModelConfig,
+    LabelConfig,
     PPOConfig,
     RLOOConfig,
     RMConfig,
     ScoreConfig,
     SFTConfig,
+    ViewConfig,
 )
 
 __all__ = [
@@ -21,9 +23,11 @@ __all__ = [
     "GRPOConfig",
     "GenerateConfig",
     "InitModelConfig",
+    "LabelConfig",
     "PPOConfig",
     "RLOOConfig",
     "RMConfig",
     "SFTConfig",
     "ScoreConfig",
+    "ViewConfig",
 ]

@@ -1,5 +1,6 @@
 """One config dataclass per command, composed of the shared parts in ``parts.py`` (the online-RL commands'
-configs, ``PPOConfig``, ``GRPOConfig`` and ``RLOOConfig``, are in ``online.py``).
+configs, ``PPOConfig``, ``GRPOConfig`` and ``RLOOConfig``, are in ``online.py``; those of the commands that serve
+web pages, ``LabelConfig`` and ``ViewConfig``, in ``pages.py``).
 
 Command-specific defaults are set by constructing a part with other values (``default_factory``), so
 an option keeps one definition and one docstring.
@@ -13,6 +14,7 @@ from typing import ClassVar, Literal
 from rlhfkit.config import options
 from rlhfkit.config.checks import at_least, check_training, positive
 from rlhfkit.config.online import GRPOConfig, PPOConfig, RLOOConfig  # noqa: F401  (every config importable here)
+from rlhfkit.config.pages import LabelConfig, ViewConfig  # noqa: F401
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError
 
@@ -128,14 +130,23 @@ def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:
 
 
 @dataclass
+class SamplesArgs:
+    num_samples: int = 1
+    """Responses sampled per prompt: 1 writes a "response" field; K > 1 writes "responses", a list of K (the
+    candidates `rlhfkit label` shows people to compare)."""
+
+
+@dataclass
 class GenerateConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output")
     model: ModelArgs = field(default_factory=ModelArgs)
     io: IOArgs = field(default_factory=IOArgs)
     generation: GenerationArgs = field(default_factory=GenerationArgs)
+    samples: SamplesArgs = field(default_factory=SamplesArgs)
 
     def check(self) -> None:
         _check_sampling(self.io, self.generation)
+        positive(num_samples=self.samples.num_samples)
 
 
 @dataclass

@@ -191,6 +191,14 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
     parser.add_argument("--debug", action="store_true", help="Show Python tracebacks for errors.")
     groups: dict[str, argparse._ArgumentGroup] = {}
     required = set(getattr(config, "REQUIRED", ()))
+    positional = getattr(config, "POSITIONAL", "")  # a list option that may also be given as plain arguments
+    if positional:
+        parser.add_argument(
+            "_" + positional,
+            nargs="*",
+            metavar=getattr(config, "POSITIONAL_METAVAR", positional.upper()),
+            help=f"the same as --{positional}",
+        )
     for leaf in leaves(config):
         title = leaf.group or "options"
         if title not in groups:
@@ -231,8 +239,13 @@ def parse_config(prog: str, config_cls: type, argv: list[str], description: str 
         raise UserError(f"{prog}: {message} (see {prog} --help)")
 
     parser.error = fail  # type: ignore[method-assign]
-    ns = vars(parser.parse_args(argv))
+    positional = getattr(config_cls, "POSITIONAL", "")
+    ns = vars(parser.parse_intermixed_args(argv) if positional else parser.parse_args(argv))
     debug = bool(ns.pop("debug", False))
+    if positional:
+        given = ns.pop("_" + positional, None) or []
+        if given:
+            ns[positional] = ns.get(positional, []) + given
     values: dict[str, tuple[Any, str]] = {}
     if "config" in ns:
         cfg_path = ns.pop("config")

@@ -1,6 +1,8 @@
-"""`rlhfkit generate`: sample one response per prompt and write ``{"prompt", "response", ...}`` JSONL rows.
+"""`rlhfkit generate`: sample responses for prompts and write JSONL rows.
 
-Rows come out in input order; fields of the input row besides ``prompt`` are passed through. Under
+One sample per prompt writes ``{"prompt", "response", ...}``; ``--num-samples K`` writes
+``{"prompt", "responses": [r1, ..., rK], ...}``, the candidate format `rlhfkit label` reads. Rows come out
+in input order; fields of the input row besides ``prompt`` are passed through. Under
 ``torchrun``/``accelerate launch`` each process samples a contiguous share of the prompts (with its own
 seed + rank) and the first process writes all rows.
 """
@@ -45,28 +47,34 @@ def run(cfg: GenerateConfig) -> Path:
         if not ids:
             raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
 
-    # 3. Sample.
+    # 3. Sample: this process's share of the prompts, each repeated K times in a row, so a prompt's K samples
+    #    are neighbours in the output.
+    per_prompt = cfg.samples.num_samples
     seed_everything(cfg.io.seed + ranks.rank)
     mine = ranks.span(len(examples))
-    bar = tqdm(total=len(mine), desc="generate", unit="row", dynamic_ncols=True, disable=not ranks.is_main)
+    bar = tqdm(
+        total=len(mine) * per_prompt, desc="generate", unit="sample", dynamic_ncols=True, disable=not ranks.is_main
+    )
     with bar:
-        mine_ids = [prompts_ids[i] for i in mine]
+        mine_ids = [prompts_ids[i] for i in mine for _ in range(per_prompt)]
         responses = sample_responses(
             model, tokenizer, mine_ids, cfg.generation, cfg.io.batch_size, device, progress=bar.update
         )
     responses = gather_objects(responses)  # every process's, in input order
     if not ranks.is_main:
         return out
+    texts = [decode(tokenizer, ids) for ids in responses]
 
     # 4. Write rows in input order.
     rows = []
-    for ex, ids in zip(examples, responses):
-        row = {"prompt": ex.prompt, "response": decode(tokenizer, ids)}
+    for i, ex in enumerate(examples):
+        samples = texts[i * per_prompt : (i + 1) * per_prompt]
+        row = {"prompt": ex.prompt, **({"response": samples[0]} if per_prompt == 1 else {"responses": samples})}
         row.update({k: v for k, v in ex.extra.items() if k not in row})
         rows.append(json.dumps(row, ensure_ascii=False) + "\n")
     try:
         out.write_text("".join(rows), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{out}: cannot write --output ({exc.strerror})") from None
-    print(f"wrote {len(responses)} responses to {out}")
+    print(f"wrote {len(responses)} responses ({len(examples)} prompts x {per_prompt}) to {out}")
     return out

@@ -63,6 +63,16 @@ def test_quick_demo_writes_report(tmp_path):
         assert key in metrics
     assert len(result.with_suffix(".samples.jsonl").read_text().splitlines()) == 8
 
+    # `rlhfkit view` on the demo folder: each stage is a run with its curves, the report is the demo's
+    from tests.viewer.test_viewer import served_json
+
+    with served_json([str(out)]) as get:
+        runs = {r["name"]: r["rows"] for r in get("/api/metrics")["runs"]}
+        assert set(runs) == {f"demo/{s}" for s in ("sft", "rm", "ppo", "ppo_no_kl", "dpo")}
+        assert all("reward/score" in row for row in runs["demo/ppo"] if "kl/ref" in row)
+        assert any(r["rows"] for r in get("/api/samples")["runs"] if r["name"] == "demo/ppo")
+        assert "label-noise ceiling" in get("/") and '<img src="/file/0/ppo_curves.png"' in get("/")
+
 
 def test_text_stats_by_hand():
     assert distinct_n(["a b a b"], 1) == 0.5  # 2 unique of 4

@@ -1,0 +1,360 @@
+"""The label store: one SQLite file (WAL journal, full sync), ``OUT/labels.sqlite``.
+
+Tables:
+    meta(key, value)                       data file hash, seed, labels per item, the CSRF secret
+    items(id, prompt, x, y, source, ...)   the pairs; texts as JSON (a string or a list of messages)
+    annotators(name, token)                the secret in each annotator's URL
+    current(annotator, item_id, left, shown_at)
+                                           the pair each annotator has on screen (a lease: while it is
+                                           fresh, nobody else is sent the same pair beyond labels-per-item)
+    judgments(id, request_id, annotator, item_id, left, choice, strength, comment, shown_at, answered_at,
+              undone_at)                   one row per answer; undo marks it, never deletes it
+    undos(request_id, judgment_id)         undo requests already carried out
+
+Every change is one ``BEGIN IMMEDIATE`` transaction under a process-wide lock, and returns only after the
+commit: with ``synchronous=FULL`` the commit is on disk, so an acknowledged judgment survives a crash.
+A request id (made by the page, unique per click) is stored with its judgment; the same request sent again
+(a double click, a retry after a lost response) finds it and changes nothing.
+
+Fairness: each annotator walks the pairs in their own random order, and sees each pair's two responses in
+an order drawn for that annotator and pair (``left``, stored with the answer), so neither item order nor
+screen side is shared between people.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhfkit.errors import UserError
+from rlhfkit.labelling.items import Pair
+
+CHOICES = ("a", "b", "tie", "both_bad", "skip")
+LEASE_SECONDS = 30 * 60  # a pair on someone's screen is kept from others this long
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS items (
+    id INTEGER PRIMARY KEY, prompt TEXT NOT NULL, x TEXT NOT NULL, y TEXT NOT NULL, source TEXT NOT NULL,
+    x_index INTEGER NOT NULL, y_index INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS annotators (name TEXT PRIMARY KEY, token TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS current (
+    annotator TEXT PRIMARY KEY, item_id INTEGER NOT NULL, left TEXT NOT NULL, shown_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS judgments (
+    id INTEGER PRIMARY KEY, request_id TEXT NOT NULL UNIQUE, annotator TEXT NOT NULL,
+    item_id INTEGER NOT NULL REFERENCES items(id), left TEXT NOT NULL CHECK (left IN ('x', 'y')),
+    choice TEXT NOT NULL CHECK (choice IN ('a', 'b', 'tie', 'both_bad', 'skip')),
+    strength TEXT, comment TEXT, shown_at REAL NOT NULL, answered_at REAL NOT NULL, undone_at REAL);
+CREATE UNIQUE INDEX IF NOT EXISTS one_live_answer ON judgments(annotator, item_id) WHERE undone_at IS NULL;
+CREATE TABLE IF NOT EXISTS undos (request_id TEXT PRIMARY KEY, judgment_id INTEGER NOT NULL);
+"""
+
+
+class Conflict(Exception):
+    """A request that cannot apply to the annotator's state (a stale page, nothing to undo)."""
+
+
+@dataclass(frozen=True)
+class Judgment:
+    id: int
+    request_id: str
+    annotator: str
+    item_id: int
+    left: str  # "x" or "y": which of the pair's responses was shown on the left, as A
+    choice: str  # one of CHOICES, as shown: "a" is the left response
+    strength: str | None
+    comment: str | None
+    shown_at: float
+    answered_at: float
+
+    @property
+    def winner(self) -> str | None:
+        """The better response in the pair's own terms ("x" or "y"), or None for tie / both bad / skip."""
+        if self.choice not in ("a", "b"):
+            return None
+        right = "y" if self.left == "x" else "x"
+        return self.left if self.choice == "a" else right
+
+    @property
+    def outcome(self) -> str:
+        """ "x", "y", "tie", "both_bad" or "skip", independent of the screen side."""
+        return self.winner or self.choice
+
+
+@dataclass(frozen=True)
+class Shown:
+    """The pair an annotator has on screen, in screen order."""
+
+    item_id: int
+    left: str
+    prompt: object
+    a: object
+    b: object
+
+
+def file_digest(path: str | Path) -> str:
+    p = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.RLock()  # reads take it too: one connection, shared by the server's threads
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._orders: dict[str, list[int]] = {}
+
+    @contextmanager
+    def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction. ``durable=False`` commits without waiting for the disk, for what a crash may
+        lose harmlessly (which pair is on whose screen: it is drawn again, the same one); the next durable
+        commit syncs the journal with it, so nothing is ever stored out of order."""
+        with self._lock:
+            if not durable:
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            finally:
+                if not durable:
+                    self._db.execute("PRAGMA synchronous=FULL")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- set-up ------------------------------------------------------------------------------------------
+
+    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def meta(self, key: str) -> str | None:
+        row = next(iter(self._read("SELECT value FROM meta WHERE key = ?", (key,))), None)
+        return None if row is None else row["value"]
+
+    def initialise(self, pairs: list[Pair] | None, digest: str | None, seed: int, labels_per_item: int) -> None:
+        """Fill a new store with ``pairs``, or check that an existing one holds the same file's pairs.
+        ``labels_per_item`` 0 keeps the stored number (1 for a new store)."""
+        with self.transaction() as db:
+            stored = self.meta("data_sha256")
+            if stored is None:
+                if pairs is None:
+                    raise UserError(f"{self.path.parent}: no labels here yet; give --data (the candidates to label)")
+                db.executemany(
+                    "INSERT INTO items (prompt, x, y, source, x_index, y_index) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(_dump(p.prompt), _dump(p.x), _dump(p.y), p.source, p.x_index, p.y_index) for p in pairs],
+                )
+                for key, value in (
+                    ("data_sha256", digest),
+                    ("seed", seed),
+                    ("csrf_secret", secrets.token_hex(32)),
+                    ("created_at", time.time()),
+                ):
+                    db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, str(value)))
+            elif digest is not None and digest != stored:
+                raise UserError(
+                    f"{self.path.parent}: holds the labels of another candidates file; keep --data as it was, "
+                    "leave it out to continue, or use a new --output-dir"
+                )
+            if labels_per_item > 0 or self.meta("labels_per_item") is None:  # 0: keep the stored number
+                db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('labels_per_item', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (str(max(labels_per_item, 1)),),
+                )
+
+    def add_annotators(self, names: list[str]) -> dict[str, str]:
+        """Give each new name a token; returns every annotator's {name: token} (old ones keep theirs)."""
+        with self.transaction() as db:
+            for name in names:
+                db.execute(
+                    "INSERT INTO annotators (name, token) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
+                    (name, secrets.token_urlsafe(18)),
+                )
+            return {r["name"]: r["token"] for r in db.execute("SELECT name, token FROM annotators ORDER BY rowid")}
+
+    def annotator_for(self, token: str) -> str | None:
+        for row in self._read("SELECT name, token FROM annotators"):
+            if secrets.compare_digest(row["token"], token):
+                return row["name"]
+        return None
+
+    @property
+    def labels_per_item(self) -> int:
+        return int(self.meta("labels_per_item") or 1)
+
+    @property
+    def seed(self) -> int:
+        return int(self.meta("seed") or 0)
+
+    def item_count(self) -> int:
+        return self._read("SELECT COUNT(*) FROM items")[0][0]
+
+    # -- what each annotator sees --------------------------------------------------------------------------
+
+    def order(self, annotator: str) -> list[int]:
+        """This annotator's own random order of all pairs (the same after a restart)."""
+        if annotator not in self._orders:
+            ids = [r[0] for r in self._read("SELECT id FROM items ORDER BY id")]
+            random.Random(f"{self.seed}/order/{annotator}").shuffle(ids)
+            self._orders[annotator] = ids
+        return self._orders[annotator]
+
+    def left_for(self, annotator: str, item_id: int) -> str:
+        """Which response this annotator sees on the left for this pair: a fair coin per (annotator, pair)."""
+        return "x" if random.Random(f"{self.seed}/side/{annotator}/{item_id}").random() < 0.5 else "y"
+
+    def _open_items(self, db: sqlite3.Connection, annotator: str, now: float) -> list[int]:
+        """Pairs this annotator may still be given, in their order: not answered by them, and with fewer than
+        labels-per-item answers plus other annotators' fresh leases."""
+        mine = {
+            r[0]
+            for r in db.execute("SELECT item_id FROM judgments WHERE annotator = ? AND undone_at IS NULL", (annotator,))
+        }
+        taken: dict[int, int] = {}
+        for r in db.execute(
+            "SELECT item_id, COUNT(*) FROM judgments WHERE undone_at IS NULL AND choice != 'skip' GROUP BY item_id"
+        ):
+            taken[r[0]] = r[1]
+        for r in db.execute(
+            "SELECT item_id FROM current WHERE annotator != ? AND shown_at > ?", (annotator, now - LEASE_SECONDS)
+        ):
+            taken[r[0]] = taken.get(r[0], 0) + 1
+        k = self.labels_per_item
+        return [i for i in self.order(annotator) if i not in mine and taken.get(i, 0) < k]
+
+    def state(self, annotator: str) -> dict:
+        """The annotator's pair on screen (drawing the next one when they have none) and their progress."""
+        now = time.time()
+        with self.transaction(durable=False) as db:
+            cur = db.execute("SELECT item_id, left FROM current WHERE annotator = ?", (annotator,)).fetchone()
+            done = db.execute(
+                "SELECT COUNT(*) FROM judgments WHERE annotator = ? AND undone_at IS NULL", (annotator,)
+            ).fetchone()[0]
+            open_items = self._open_items(db, annotator, now)
+            if cur is None and open_items:
+                item_id = open_items[0]
+                cur = {"item_id": item_id, "left": self.left_for(annotator, item_id)}
+                db.execute(
+                    "INSERT INTO current (annotator, item_id, left, shown_at) VALUES (?, ?, ?, ?)",
+                    (annotator, item_id, cur["left"], now),
+                )
+            remaining = len(open_items) + (1 if cur is not None and cur["item_id"] not in open_items else 0)
+            shown = None if cur is None else self._shown(db, cur["item_id"], cur["left"])
+            can_undo = done > 0
+        return {"item": shown, "progress": {"done": done, "total": done + remaining}, "can_undo": can_undo}
+
+    def _shown(self, db: sqlite3.Connection, item_id: int, left: str) -> Shown:
+        row = db.execute("SELECT prompt, x, y FROM items WHERE id = ?", (item_id,)).fetchone()
+        x, y = json.loads(row["x"]), json.loads(row["y"])
+        a, b = (x, y) if left == "x" else (y, x)
+        return Shown(item_id, left, json.loads(row["prompt"]), a, b)
+
+    # -- answers -------------------------------------------------------------------------------------------
+
+    def judge(
+        self,
+        annotator: str,
+        request_id: str,
+        item_id: int,
+        choice: str,
+        strength: str | None = None,
+        comment: str | None = None,
+    ) -> tuple[int, bool]:
+        """Store one answer; returns (judgment id, whether this request was new). Durable when it returns."""
+        if choice not in CHOICES:
+            raise ValueError(f"unknown choice {choice!r}")
+        now = time.time()
+        with self.transaction() as db:
+            seen = db.execute("SELECT id, annotator FROM judgments WHERE request_id = ?", (request_id,)).fetchone()
+            if seen is not None:
+                if seen["annotator"] != annotator:
+                    raise Conflict("this request id belongs to another annotator")
+                return seen["id"], False
+            cur = db.execute("SELECT item_id, left, shown_at FROM current WHERE annotator = ?", (annotator,)).fetchone()
+            if cur is None or cur["item_id"] != item_id:
+                raise Conflict("this pair is no longer the one on your screen; the page shows the current one")
+            judgment_id = db.execute(
+                "INSERT INTO judgments (request_id, annotator, item_id, left, choice, strength, comment, shown_at, "
+                "answered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (request_id, annotator, item_id, cur["left"], choice, strength, comment or None, cur["shown_at"], now),
+            ).lastrowid
+            db.execute("DELETE FROM current WHERE annotator = ?", (annotator,))
+        return judgment_id, True
+
+    def undo(self, annotator: str, request_id: str) -> bool:
+        """Withdraw the annotator's latest live answer and put its pair back on their screen (same sides).
+        Returns whether this request was new; raises Conflict when there is nothing to undo."""
+        now = time.time()
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM undos WHERE request_id = ?", (request_id,)).fetchone():
+                return False
+            last = db.execute(
+                "SELECT id, item_id, left FROM judgments WHERE annotator = ? AND undone_at IS NULL "
+                "ORDER BY id DESC LIMIT 1",
+                (annotator,),
+            ).fetchone()
+            if last is None:
+                raise Conflict("nothing to undo")
+            db.execute("UPDATE judgments SET undone_at = ? WHERE id = ?", (now, last["id"]))
+            db.execute(
+                "INSERT INTO current (annotator, item_id, left, shown_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(annotator) DO UPDATE SET item_id = excluded.item_id, left = excluded.left, "
+                "shown_at = excluded.shown_at",
+                (annotator, last["item_id"], last["left"], now),
+            )
+            db.execute("INSERT INTO undos (request_id, judgment_id) VALUES (?, ?)", (request_id, last["id"]))
+        return True
+
+    # -- reading everything back ---------------------------------------------------------------------------
+
+    def judgments(self, include_undone: bool = False) -> list[Judgment]:
+        where = "" if include_undone else "WHERE undone_at IS NULL"
+        rows = self._read(
+            "SELECT id, request_id, annotator, item_id, left, choice, strength, comment, shown_at, answered_at "
+            f"FROM judgments {where} ORDER BY id"
+        )
+        return [Judgment(**dict(r)) for r in rows]
+
+    def items(self) -> dict[int, Pair]:
+        rows = self._read("SELECT id, prompt, x, y, source, x_index, y_index FROM items ORDER BY id")
+        return {
+            r["id"]: Pair(
+                json.loads(r["prompt"]), json.loads(r["x"]), json.loads(r["y"]), r["source"], r["x_index"], r["y_index"]
+            )
+            for r in rows
+        }
+
+    def complete_items(self) -> int:
+        """Pairs with labels-per-item answers (skips not counted)."""
+        return self._read(
+            "SELECT COUNT(*) FROM (SELECT item_id FROM judgments WHERE undone_at IS NULL AND choice != 'skip' "
+            "GROUP BY item_id HAVING COUNT(*) >= ?)",
+            (self.labels_per_item,),
+        )[0][0]
+
+
+def _dump(text) -> str:
+    return json.dumps(text, ensure_ascii=False)

@@ -102,8 +102,8 @@ def test_grpo_ranks_draw_different_completions_for_the_same_prompt(thanks_task, 
 
 def grpo_args(model, prompts, reward_file, out, *extra) -> list:
     args = ["grpo", "--model", model, "--data", prompts, "--reward-fn", f"{reward_file}:thanks"]
-    args += ["--batch-size", 16, "--num-generations", 4, "--max-new-tokens", 8, "--max-steps", 24]
-    args += ["--learning-rate", "2e-3", "--save-steps", 6, "--progress", "false", "--output-dir", out, *extra]
+    args += ["--batch-size", 16, "--num-generations", 4, "--max-new-tokens", 8, "--max-steps", 16]
+    args += ["--learning-rate", "3e-3", "--save-steps", 4, "--progress", "false", "--output-dir", out, *extra]
     return args
 
 
@@ -113,8 +113,8 @@ def test_grpo_on_two_processes_learns_and_resumes_exactly_after_a_kill(thanks_ta
     done = launch(grpo_args(model, prompts, reward_file, whole))
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(whole)
-    first = sum(r["reward/score"] for r in rows[:4]) / 4
-    last = sum(r["reward/score"] for r in rows[-4:]) / 4
+    first = sum(r["reward/score"] for r in rows[:3]) / 3
+    last = sum(r["reward/score"] for r in rows[-3:]) / 3
     assert last > first + 0.5, (first, last)  # learns: 'thanks' replies from ~30% towards all
 
     killed = tmp_path / "killed"
@@ -125,7 +125,7 @@ def test_grpo_on_two_processes_learns_and_resumes_exactly_after_a_kill(thanks_ta
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    marker = killed / "checkpoints" / "step-12" / "meta.json"
+    marker = killed / "checkpoints" / "step-8" / "meta.json"
     deadline = time.monotonic() + 240
     while not marker.is_file() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -136,7 +136,7 @@ def test_grpo_on_two_processes_learns_and_resumes_exactly_after_a_kill(thanks_ta
     done = launch(grpo_args(model, prompts, reward_file, killed, "--resume"))
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = read_metrics(killed)
-    assert [r["step"] for r in resumed] == list(range(1, 25))
+    assert [r["step"] for r in resumed] == list(range(1, 17))
     for a, b in zip(rows, resumed):
         for key in ("reward/score", "loss/policy", "kl/ref", "policy/entropy"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)

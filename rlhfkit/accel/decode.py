@@ -15,8 +15,9 @@ LoRA layers apply) in the order its forward does, with:
 
 The logits equal those of the model's forward up to float rounding (the tests compare them per
 architecture). The prompt itself is still run by the model's own forward. Models this step does not cover
-(other architectures, sliding-window attention, forward hooks on the model, non-LoRA PEFT) return None from
-``lean_decoder`` and the sampler calls the model as usual; ``RLHFKIT_ACCEL=0`` turns this off too.
+(other architectures, sliding-window attention, forward hooks or a replaced forward on the model,
+prompt-learning PEFT) get None from ``lean_decoder``, and the sampler calls the model's forward as usual;
+``RLHFKIT_ACCEL=0`` turns the lean step off everywhere.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def _supported(model) -> bool:
     if any(getattr(c, "is_prompt_learning", False) for c in peft_configs.values()):
         return False  # prompt tuning changes the inputs, not only the layers
     body = _body(base)
-    if body is None or any(_has_hooks(m) for m in {wrapper, base, body}):
-        return False  # a hook on a forward this step skips would not see the steps
+    if body is None or any(_has_hooks(m) or "forward" in vars(m) for m in {wrapper, base, body}):
+        return False  # a hook on a forward this step skips, or a forward replaced on the instance (an autocast wrapper)
     if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
         return False
     if config.model_type == "gpt2":

@@ -85,6 +85,10 @@ def test_lean_step_is_used_where_it_applies(gpt2, monkeypatch):
     hook = gpt2.register_forward_hook(lambda *_: None)
     assert not lean._supported(gpt2)  # a hook on the model's forward must see every step
     hook.remove()
+    monkeypatch.setattr(gpt2, "forward", gpt2.forward)  # as an autocast wrapper replaces it
+    assert not lean._supported(gpt2)
+    monkeypatch.undo()
+    assert lean._supported(gpt2)
     monkeypatch.setenv("RLHFKIT_ACCEL", "0")
     assert not lean._supported(gpt2)
 

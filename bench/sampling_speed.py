@@ -12,7 +12,8 @@ Prompts are the support task's training prompts, tokenized as they are. Layouts:
   ppo    --batch distinct prompts, one row each (PPO's batch: 16 rows, bench/ppo_vs_trl.py's setting)
 
 Each timed call samples --max-new-tokens tokens for the whole batch, seeded; a table gives the median call time,
-the median time per decode step (call time / longest response), and the load average around the measurement.
+the median CPU time of this process per call (the work done: with --threads 1 less sensitive to other load
+than the wall time), the median time per decode step (call time / longest response), and the load average.
 
 With --against DIR (a checkout of another commit, e.g. made with `git worktree add /tmp/base main`), each round
 runs this script's measurement once in a subprocess importing DIR's rlhfkit and once importing this checkout's,
@@ -85,15 +86,16 @@ def measure(args) -> list[dict]:
         model = load_causal_lm(str(path), tokenizer=tok)
         for layout in args.layouts:
             prompts = [tok(t)["input_ids"] for t in layout_prompts(layout, texts, args)]
-            times, steps = [], []
+            times, cpu, steps = [], [], []
             load = os.getloadavg()[0]
             for call in range(args.warmup + args.calls):
                 torch.manual_seed(call)
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 out = sample_responses(model, tok, prompts, gen, len(prompts), "cpu")
-                elapsed = time.perf_counter() - start
+                elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
                 if call >= args.warmup:
                     times.append(elapsed)
+                    cpu.append(elapsed_cpu)
                     steps.append(max(len(r) for r in out))
             rows.append(
                 {
@@ -101,6 +103,7 @@ def measure(args) -> list[dict]:
                     "layout": layout,
                     "rows": len(prompts),
                     "call_s": statistics.median(times),
+                    "cpu_s": statistics.median(cpu),
                     "step_ms": statistics.median(1000 * t / s for t, s in zip(times, steps)),
                     "load_1min": round((load + os.getloadavg()[0]) / 2, 2),
                     "rlhfkit": str(Path(rlhfkit.__file__).parent.parent),
@@ -141,19 +144,24 @@ def compare(args) -> None:
         f"median over {args.rounds} interleaved rounds, each the median of {args.calls} calls; threads {args.threads}"
     )
     print(
-        f"{'size':6} {'layout':6} {'rows':>4} {'A s/call':>9} {'B s/call':>9} {'A/B':>6} {'A ms/tok':>9} "
-        f"{'B ms/tok':>9} {'load 1min':>14}"
+        f"{'size':6} {'layout':6} {'rows':>4} {'A s/call':>9} {'B s/call':>9} {'A/B':>6} {'A cpu s':>8} {'B cpu s':>8} "
+        f"{'A/B cpu':>7} {'A ms/tok':>9} {'B ms/tok':>9} {'load 1min':>12}"
     )
     for i, row in enumerate(results["A"][0]):
         a = [rows[i] for rows in results["A"]]
         b = [rows[i] for rows in results["B"]]
-        a_s, b_s = statistics.median(x["call_s"] for x in a), statistics.median(x["call_s"] for x in b)
+        a_s, b_s = median_of(a, "call_s"), median_of(b, "call_s")
+        a_cpu, b_cpu = median_of(a, "cpu_s"), median_of(b, "cpu_s")
         loads = [x["load_1min"] for x in a + b]
         print(
             f"{row['size']:6} {row['layout']:6} {row['rows']:>4} {a_s:9.4f} {b_s:9.4f} {a_s / b_s:6.2f} "
-            f"{statistics.median(x['step_ms'] for x in a):9.2f} {statistics.median(x['step_ms'] for x in b):9.2f} "
-            f"{min(loads):6.2f}..{max(loads):<6.2f}"
+            f"{a_cpu:8.4f} {b_cpu:8.4f} {a_cpu / b_cpu:7.2f} {median_of(a, 'step_ms'):9.2f} "
+            f"{median_of(b, 'step_ms'):9.2f} {min(loads):5.2f}..{max(loads):<5.2f}"
         )
+
+
+def median_of(rows: list[dict], key: str) -> float:
+    return statistics.median(x[key] for x in rows)
 
 
 def main() -> None:
@@ -185,10 +193,11 @@ def main() -> None:
         print(
             f"sample_responses, {args.max_new_tokens} new tokens, threads {args.threads}, median of {args.calls} calls"
         )
-        print(f"{'size':6} {'layout':6} {'rows':>4} {'s/call':>8} {'ms/step':>8} {'load 1min':>9}")
+        print(f"{'size':6} {'layout':6} {'rows':>4} {'s/call':>8} {'cpu s':>8} {'ms/step':>8} {'load 1min':>9}")
         for x in rows:
             print(
-                f"{x['size']:6} {x['layout']:6} {x['rows']:>4} {x['call_s']:8.4f} {x['step_ms']:8.2f} {x['load_1min']:9.2f}"
+                f"{x['size']:6} {x['layout']:6} {x['rows']:>4} {x['call_s']:8.4f} {x['cpu_s']:8.4f} "
+                f"{x['step_ms']:8.2f} {x['load_1min']:9.2f}"
             )
 
 

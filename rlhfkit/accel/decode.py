@@ -57,7 +57,9 @@ def _supported(model) -> bool:
     if any(getattr(c, "is_prompt_learning", False) for c in peft_configs.values()):
         return False  # prompt tuning changes the inputs, not only the layers
     body = _body(base)
-    if body is None or any(_has_hooks(m) or "forward" in vars(m) for m in {wrapper, base, body}):
+    if body is None or not hasattr(base, "lm_head"):
+        return False
+    if any(_has_hooks(m) or "forward" in vars(m) for m in {wrapper, base, body}):
         return False  # a hook on a forward this step skips, or a forward replaced on the instance (an autocast wrapper)
     if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
         return False

@@ -19,6 +19,7 @@ import inspect
 
 import torch
 
+from rlhfkit.accel.decode import lean_decoder
 from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.models.unwrap import base_model, without_ddp
 
@@ -96,56 +97,107 @@ def _forward_accepts(model, name: str) -> bool:
     return name in inspect.signature(base_model(model).forward).parameters
 
 
+def distinct_prompts(prompts_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts of a batch in first-seen order, and for each row the index of its prompt among them.
+
+    GRPO / RLOO batches hold each prompt G times (a group's rows contiguous); the sampler runs each distinct
+    prompt through the model once and lets its G rows continue from the same key / value cache.
+    """
+    first: dict[tuple[int, ...], int] = {}
+    index = [first.setdefault(tuple(p), len(first)) for p in prompts_ids]
+    distinct = [None] * len(first)
+    for p, i in zip(prompts_ids, index):
+        distinct[i] = p
+    return distinct, index
+
+
 def _decode(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_args, stops: list[int], pad_id: int
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rows: torch.Tensor,
+    generation_args,
+    stops: list[int],
+    pad_id: int,
 ) -> torch.Tensor:
     """Sample up to ``max_new_tokens`` tokens after left-padded prompts, with a KV cache.
 
-    input_ids, attention_mask: [B, P] left-padded prompts. Returns [B, T] sampled ids with
-    T <= max_new_tokens; after a row's first stop token it holds ``pad_id`` (cut off by the caller).
-    The loop ends once every row has stopped. ``model`` is called directly (a PEFT wrapper applies
-    its adapters); ``logits_to_keep=1`` skips the LM head on all but the last prompt position.
+    input_ids, attention_mask: [U, P] left-padded distinct prompts; rows: [B] the prompt each sampled row
+    continues. Returns [B, T] sampled ids with T <= max_new_tokens; after a row's first stop token it holds
+    ``pad_id`` (cut off by the caller). The loop ends once every row has stopped.
+
+    1. Prefill: the model's forward over the U prompts (``logits_to_keep=1`` skips the LM head on all but
+       the last position); its last logits and key / value cache are then repeated to the B rows. Each row
+       gets exactly the numbers a forward of its own prompt row gives, so sharing changes no sample.
+    2. Decode: one new token per row and step, ``rlhfkit.accel.decode``'s lean step where it covers the model,
+       else the model's forward with a ``DynamicCache`` (``model`` is called directly: a PEFT wrapper applies
+       its adapters).
     """
     from transformers import DynamicCache
 
     g = generation_args
-    batch = input_ids.shape[0]
+    batch, prompt_len = rows.shape[0], input_ids.shape[1]
+    if g.max_new_tokens == 0:
+        return input_ids.new_empty(batch, 0)
+    shared = input_ids.shape[0] < batch
     keep_last = {"logits_to_keep": 1} if _forward_accepts(model, "logits_to_keep") else {}
-    cache = DynamicCache(config=base_model(model).config)
+    positions = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [U, P]; padding -> 0
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=DynamicCache(config=base_model(model).config),
+        use_cache=True,
+        **keep_last,
+    )
+    cache, logits = out.past_key_values, out.logits[:, -1]  # logits [U, V]
+    # The mask of every step is a view of this one: prompt columns, then a column per sampled token. Finished
+    # rows go on being fed (their tokens are cut off later); their columns of ones are fine, as no kept token
+    # ever attends to a token sampled after its row's stop.
+    mask = attention_mask.new_ones(batch, prompt_len + g.max_new_tokens)  # [B, P + T]
+    mask[:, :prompt_len] = attention_mask[rows] if shared else attention_mask
+    positions = positions[rows, -1:] if shared else positions[:, -1:]  # [B, 1], the last prompt token's
+    logits = logits[rows] if shared else logits
+    lean = lean_decoder(model, cache, rows, prompt_len + g.max_new_tokens)
+    if lean is not None:
+        mask = mask.bool()
+    elif shared:
+        cache.batch_select_indices(rows)
     stop_ids = torch.tensor(stops, dtype=torch.long, device=input_ids.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)  # [B]
-    step_ids, positions = input_ids, (attention_mask.cumsum(1) - 1).clamp(min=0)  # [B, P]; padding -> 0
     tokens = []
-    for _ in range(g.max_new_tokens):
-        out = model(
-            input_ids=step_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            **keep_last,
-        )
-        cache = out.past_key_values
+    for t in range(g.max_new_tokens):
         # float32 like generate(): a half-precision softmax / CDF would bias the draw.
-        logits = filter_logits(out.logits[:, -1].float(), g.temperature, g.top_k, g.top_p)  # [B, V]
+        logits = filter_logits(logits.float(), g.temperature, g.top_k, g.top_p)  # [B, V]
         token = sample_from_logits(logits).masked_fill(finished, pad_id)  # [B]
         tokens.append(token)
         finished |= torch.isin(token, stop_ids)
-        if bool(finished.all()):
+        if t + 1 == g.max_new_tokens or bool(finished.all()):
             break
-        # Finished rows go on being fed (their tokens are cut off later); a full column of ones is
-        # fine, as no kept token ever attends to a token sampled after its row's stop.
-        step_ids, positions = token[:, None], positions[:, -1:] + 1  # [B, 1]
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=1)
-    return torch.stack(tokens, dim=1) if tokens else input_ids.new_empty(batch, 0)
+        positions = positions + 1
+        seen = mask[:, : prompt_len + t + 1]  # [B, P + t + 1]: the prompt, the sampled tokens, this one
+        if lean is not None:
+            logits = lean.step(token[:, None], positions, seen)
+        else:
+            out = model(
+                input_ids=token[:, None],
+                attention_mask=seen,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                **keep_last,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1]
+    return torch.stack(tokens, dim=1)
 
 
-def _generate(model, input_ids, attention_mask, generation_args, stops: list[int], pad_id: int) -> torch.Tensor:
+def _generate(model, input_ids, attention_mask, rows, generation_args, stops: list[int], pad_id: int) -> torch.Tensor:
     """Fallback for models ``_decode`` cannot drive (an encoder-decoder, a forward without a KV cache or
     position ids): ``model.generate`` with the model's own sampling defaults swapped out. [B, T] ids."""
     from transformers import GenerationConfig
 
     g, base = generation_args, base_model(model)
+    input_ids, attention_mask = input_ids[rows], attention_mask[rows]  # [B, P]
     saved = base.generation_config
     # generate() fills every unset option from model.generation_config, so a neutral one is swapped in.
     base.generation_config = GenerationConfig(
@@ -182,7 +234,14 @@ def _loop_supported(model) -> bool:
 
 @torch.no_grad()
 def sample_responses(
-    model, tokenizer, prompts_ids: list[list[int]], generation_args, batch_size: int, device, progress=None
+    model,
+    tokenizer,
+    prompts_ids: list[list[int]],
+    generation_args,
+    batch_size: int,
+    device,
+    progress=None,
+    share_prompts: bool = True,
 ) -> list[list[int]]:
     """Sample one response per prompt; returns response token ids, each cut after its first EOS (kept).
 
@@ -192,6 +251,8 @@ def sample_responses(
     prompts_ids: token ids of each prompt (already truncated to the longest allowed prompt).
     generation_args: a ``GenerationArgs`` (max_new_tokens, temperature, top_k, top_p).
     progress: optional callable ``progress(n_rows_done_in_this_batch)``, e.g. a tqdm bar's ``update``.
+    share_prompts: run each distinct prompt of a batch through the model once (``distinct_prompts``); the
+    samples are the same either way.
     The caller seeds the RNG; sampling is then deterministic for a given batch size on one device.
     """
     if any(len(p) == 0 for p in prompts_ids):
@@ -206,8 +267,10 @@ def sample_responses(
     try:
         for start in range(0, len(prompts_ids), batch_size):
             chunk = prompts_ids[start : start + batch_size]
-            input_ids, attention_mask = pad_with_mask(chunk, pad_id, "left", device)  # [B, P] each
-            new = decode_batch(model, input_ids, attention_mask, generation_args, stops, pad_id)  # [B, T]
+            distinct, rows = distinct_prompts(chunk) if share_prompts else (chunk, list(range(len(chunk))))
+            input_ids, attention_mask = pad_with_mask(distinct, pad_id, "left", device)  # [U, P] each
+            rows = torch.tensor(rows, dtype=torch.long, device=input_ids.device)  # [B]
+            new = decode_batch(model, input_ids, attention_mask, rows, generation_args, stops, pad_id)  # [B, T]
             responses.extend(cut_at_stop(row, stops) for row in new.tolist())
             if progress is not None:
                 progress(len(chunk))

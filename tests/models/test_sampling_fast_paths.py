@@ -1,0 +1,149 @@
+"""The sampler's fast paths give the plain loop's samples: shared prompt prefill (each distinct prompt run once,
+its cache repeated to its rows) and the lean decode step (`rlhfkit.accel.decode`), on GPT-2, Llama and Qwen2
+(grouped-query attention), with LoRA adapters, stopping once every row has stopped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhfkit.accel import decode as lean
+from rlhfkit.config.parts import GenerationArgs, LoraArgs
+from rlhfkit.models import sampling
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.lora import apply_lora
+from rlhfkit.models.sampling import distinct_prompts, sample_responses
+
+from .test_architectures import make_config
+
+TEXTS = ["Question: what does alice want? Answer:", "hi", "User: please give bob the hat\nAssistant:"]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tiny_model_dir, tok):
+    return load_causal_lm(str(tiny_model_dir), tokenizer=tok)
+
+
+def grpo_batch(tok, group: int = 4) -> list[list[int]]:
+    """Each prompt ``group`` times, a group's rows contiguous, and one prompt again at the end (not adjacent)."""
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    return [p for p in ids for _ in range(group)] + [ids[0]]
+
+
+def sample_with_logits(model, tok, prompts, args, seed, monkeypatch, share=True, lean_step=True):
+    """``sample_responses``' responses and the LM head's last-position logits of every forward, ``[B, V]`` each
+    (the shared prefill's ``[U, V]`` repeated to the rows)."""
+    outputs = []
+    head = sampling.base_model(model).get_output_embeddings()
+    hook = head.register_forward_hook(lambda _m, _i, out: outputs.append(out[:, -1].detach().clone()))
+    with monkeypatch.context() as m:
+        if not lean_step:
+            m.setattr(sampling, "lean_decoder", lambda *args: None)
+        try:
+            torch.manual_seed(seed)
+            got = sample_responses(model, tok, prompts, args, len(prompts), "cpu", share_prompts=share)
+        finally:
+            hook.remove()
+    if share:
+        _, rows = distinct_prompts(prompts)
+        outputs[0] = outputs[0][torch.tensor(rows)]
+    return got, outputs
+
+
+def assert_same_sampling(a, b, atol: float = 1e-6):
+    (got_a, logits_a), (got_b, logits_b) = a, b
+    assert got_a == got_b
+    assert len(logits_a) == len(logits_b) == max(len(r) for r in got_a)
+    for x, y in zip(logits_a, logits_b):
+        assert x.shape == y.shape
+        torch.testing.assert_close(x, y, rtol=0, atol=atol)
+
+
+def test_distinct_prompts():
+    assert distinct_prompts([[1, 2], [1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 0, 1, 0, 1, 2])
+    assert distinct_prompts([[5], [6]]) == ([[5], [6]], [0, 1])
+
+
+@pytest.mark.parametrize("lean_step", [False, True])
+def test_shared_prompt_prefill_samples_what_one_prefill_per_row_samples(gpt2, tok, monkeypatch, lean_step):
+    prompts = grpo_batch(tok)
+    args = GenerationArgs(max_new_tokens=12, temperature=0.9, top_k=50, top_p=0.95)
+    for seed in range(3):
+        plain = sample_with_logits(gpt2, tok, prompts, args, seed, monkeypatch, share=False, lean_step=lean_step)
+        shared = sample_with_logits(gpt2, tok, prompts, args, seed, monkeypatch, share=True, lean_step=lean_step)
+        assert_same_sampling(shared, plain)
+        assert len(set(map(tuple, shared[0][:4]))) > 1  # a group's rows differ: the draws are per row
+
+
+def test_lean_step_is_used_where_it_applies(gpt2, monkeypatch):
+    assert lean._supported(gpt2)
+    hook = gpt2.register_forward_hook(lambda *_: None)
+    assert not lean._supported(gpt2)  # a hook on the model's forward must see every step
+    hook.remove()
+    monkeypatch.setattr(gpt2, "forward", gpt2.forward)  # as an autocast wrapper replaces it
+    assert not lean._supported(gpt2)
+    monkeypatch.undo()
+    assert lean._supported(gpt2)
+    monkeypatch.setenv("RLHFKIT_ACCEL", "0")
+    assert not lean._supported(gpt2)
+
+
+def random_model(arch: str, tok):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_config(arch, len(tok), tok.eos_token_id))
+    with torch.no_grad():  # larger than the default init, so attention scores are far from uniform
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    model.config.pad_token_id = tok.pad_token_id
+    return model.eval()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_lean_step_samples_what_the_models_forward_samples(arch, tok, monkeypatch):
+    model = random_model(arch, tok)
+    assert lean._supported(model)
+    prompts = grpo_batch(tok, group=3)
+    args = GenerationArgs(max_new_tokens=20)
+    for seed in range(2):
+        fast = sample_with_logits(model, tok, prompts, args, seed, monkeypatch)
+        plain = sample_with_logits(model, tok, prompts, args, seed, monkeypatch, share=False, lean_step=False)
+        assert_same_sampling(fast, plain)
+
+
+def test_lean_step_applies_lora_adapters(tiny_model_dir, tok, monkeypatch):
+    policy = apply_lora(load_causal_lm(str(tiny_model_dir), tokenizer=tok), LoraArgs(lora_r=4))
+    with torch.no_grad():  # B starts at 0, which would make the adapters a no-op
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    assert lean._supported(policy)
+    prompts = grpo_batch(tok)
+    args = GenerationArgs(max_new_tokens=12)
+    fast = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
+    assert_same_sampling(fast, sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False))
+    with policy.disable_adapter():
+        base = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
+    assert not torch.allclose(base[1][1], fast[1][1])  # the adapters changed the decode steps' logits
+
+
+def test_lean_loop_stops_once_every_row_has_stopped(gpt2, tok, monkeypatch):
+    eos = tok.eos_token_id
+    likely_eos = gpt2.get_output_embeddings().register_forward_hook(
+        lambda _m, _i, out: out + 6.0 * torch.nn.functional.one_hot(torch.tensor(eos), out.shape[-1]).to(out.dtype)
+    )
+    try:
+        args = GenerationArgs(max_new_tokens=30)
+        for seed in range(3):
+            got, logits = sample_with_logits(gpt2, tok, grpo_batch(tok), args, seed, monkeypatch)
+            assert all(r[-1] == eos for r in got) and max(len(r) for r in got) < 30
+            assert len(logits) == max(len(r) for r in got)  # one LM head call per sampled position, no more
+            assert len({len(r) for r in got}) > 1  # rows stopped at different steps
+    finally:
+        likely_eos.remove()

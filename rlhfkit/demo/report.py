@@ -82,7 +82,9 @@ def headline(m: dict, rm_acc: float, ceiling: float) -> list[str]:
             f"(KL {hack.get('kl/ref', float('nan')):.0f} against {m['ppo'].get('kl/ref', float('nan')):.1f})."
             if over
             else f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
-            f"score {hack['reward/score']:.2f}: this run does not show the usual over-optimisation."
+            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model "
+            f"(KL {hack.get('kl/ref', float('nan')):.1f} against {m['ppo'].get('kl/ref', float('nan')):.1f}) "
+            "did not cost gold score within its steps, so the over-optimisation it risks does not show here."
         )
         + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
         f"reach {ceiling:.0%}, since the raters are noisy.",

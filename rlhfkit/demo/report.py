@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 MODELS = {"sft": "SFT", "ppo": "PPO (KL on)", "ppo_no_kl": "PPO (beta = 0)", "dpo": "DPO"}
@@ -54,7 +55,45 @@ def plot(out: Path) -> list[str]:
     return ["ppo_curves.png", "proxy_vs_gold.png"]
 
 
-def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, seconds: float) -> dict:
+def headline(m: dict, rm_acc: float, ceiling: float) -> list[str]:
+    """The report's opening in plain words: what was trained, and what the numbers show."""
+    gold = {n: m[n]["reward/gold"] for n in MODELS}
+    ppo, dpo, hack = gold["ppo"] - gold["sft"], gold["dpo"] - gold["sft"], m["ppo_no_kl"]
+
+    def moved(delta: float) -> str:
+        return f"raised it by {delta:+.2f}" if delta > 0 else f"changed it by {delta:+.2f}"
+
+    over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["sft"]
+    return [
+        "**What this is.** A small language model, trained from scratch on this machine, learns to reply to "
+        "customer-support messages. First it imitates example replies of mixed quality (SFT). Then it learns "
+        "from preference pairs (which of two replies a simulated rater liked better) in two ways: PPO, which "
+        "optimises a reward model trained on the pairs while a KL penalty keeps it near the SFT model, and "
+        "DPO, which learns from the pairs directly. A hidden gold judge, the rule the raters follow and "
+        "which no training step sees, scores every reply to customer messages none of the models trained on.",
+        "",
+        f"**What it shows.** The SFT model's replies score {gold['sft']:.2f} with the gold judge (out of 5). "
+        f"PPO with the KL penalty {moved(ppo)}, to {gold['ppo']:.2f}; DPO {moved(dpo)}, to {gold['dpo']:.2f}. "
+        + (
+            f"Without the KL penalty (beta = 0) PPO pushes the reward model's score higher still "
+            f"({hack['reward/score']:.2f} against {m['ppo']['reward/score']:.2f}) while the gold score falls to "
+            f"{gold['ppo_no_kl']:.2f}, below where it started: the policy has found what the reward model gets "
+            "wrong (reward over-optimisation), drifting far from the SFT model "
+            f"(KL {hack.get('kl/ref', float('nan')):.0f} against {m['ppo'].get('kl/ref', float('nan')):.1f})."
+            if over
+            else f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
+            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model "
+            f"(KL {hack.get('kl/ref', float('nan')):.1f} against {m['ppo'].get('kl/ref', float('nan')):.1f}) "
+            "did not cost gold score within its steps, so the over-optimisation it risks does not show here."
+        )
+        + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
+        f"reach {ceiling:.0%}, since the raters are noisy.",
+    ]
+
+
+def write_report(out: Path, results: dict, ceiling: float, stages, seconds: float) -> dict:
+    """``stages``: the stage runner, with ``seconds`` and ``load`` (1-minute load average) per stage."""
+    stage_seconds = stages.seconds
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
     m = {name: r["metrics"] for name, r in results.items()}
@@ -63,12 +102,15 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
     summary.update({f"kl/{n}": m[n].get("kl/ref") for n in MODELS if n != "sft"})
     summary.update({f"length/{n}": m[n].get("response/length") for n in MODELS})
     summary.update({f"distinct2/{n}": m[n].get("response/distinct_2") for n in MODELS})
+    summary.update({f"names_product/{n}": m[n].get("names_product") for n in MODELS})
+    summary.update({f"mentions_product/{n}": m[n].get("mentions_product") for n in MODELS})
     summary.update(
         {
             "rm/eval_accuracy": rm_acc,
             "rm/label_noise_ceiling": ceiling,
             "seconds": seconds,
             "stage_seconds": stage_seconds,
+            "stage_load_average": stages.load,
         }
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -77,19 +119,29 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
     lines = [
         "# rlhfkit demo: customer-support replies",
         "",
+        *headline(m, rm_acc, ceiling),
+        "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
         "",
-        "| model | gold | RM score | KL to SFT | length (words) | distinct-2 | repetition |",
-        "|---|---|---|---|---|---|---|",
+        "| model | gold | RM score | KL to SFT | names the product | product named | length (words) | distinct-2 "
+        "| repetition |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, label in MODELS.items():
         x = m[n]
         kl = "—" if n == "sft" else f"{x.get('kl/ref', float('nan')):.2f}"
         lines.append(
-            f"| {label} | {x['reward/gold']:.3f} | {x['reward/score']:.3f} | {kl} | {x['response/length']:.1f} "
-            f"| {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |"
+            f"| {label} | {x['reward/gold']:.3f} | {x['reward/score']:.3f} | {kl} "
+            f"| {x.get('names_product', float('nan')):.2f} | {x.get('mentions_product', float('nan')):.2f} "
+            f"| {x['response/length']:.1f} | {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |"
         )
+    lines += [
+        "",
+        "*names the product*: of the replies that name a product (to a customer who named one), the share that "
+        "name the customer's and no other. *product named*: the share of replies to such customers that name a "
+        "product at all (the example replies it learned from do so about half the time).",
+    ]
     lines += [
         "",
         f"Reward model held-out accuracy: **{rm_acc:.3f}**, next to the label-noise ceiling **{ceiling:.3f}** "
@@ -117,8 +169,16 @@ def write_report(out: Path, results: dict, ceiling: float, stage_seconds: dict, 
             s = results[n]["samples"][i]
             lines.append(f"- *{label}* (gold {s.get('gold', float('nan')):.2f}): {s['response'].strip()}")
         lines.append("")
-    lines += ["## Stage times", "", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {k} | {v:.0f} |" for k, v in stage_seconds.items()]
+    lines += [
+        "## Stage times",
+        "",
+        f"On {os.cpu_count()} CPU cores; the load average (1 minute, at the end of each stage) shows how much "
+        "else the machine was running.",
+        "",
+        "| stage | seconds | load average |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {k} | {v:.0f} | {stages.load.get(k, float('nan')):.1f} |" for k, v in stage_seconds.items()]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     summary["plots"] = plots
     return summary

@@ -21,8 +21,14 @@ def test_quick_demo_writes_report(tmp_path):
     for key in KEYS:
         assert isinstance(summary[key], float), key
     assert 0.5 < summary["rm/label_noise_ceiling"] < 1.0
+    for name in ("sft", "ppo", "ppo_no_kl", "dpo"):  # shares in [0, 1]; NaN when no reply named a product
+        for key in (f"names_product/{name}", f"mentions_product/{name}"):
+            value = summary[key]
+            assert isinstance(value, float) and (value != value or 0.0 <= value <= 1.0), key
+    assert set(summary["stage_load_average"]) == set(summary["stage_seconds"])
     report = (out / "report.md").read_text()
-    assert "| PPO (beta = 0) |" in report and "label-noise ceiling" in report
+    assert "| PPO (beta = 0) |" in report and "label-noise ceiling" in report and "names the product" in report
+    assert report.splitlines()[2].startswith("**What this is.**")
     for png in ("ppo_curves.png", "proxy_vs_gold.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     for stage in ("sft", "rm", "ppo", "ppo_no_kl", "dpo"):

@@ -254,3 +254,18 @@ def test_write_task_data(tmp_path):
     assert files["corpus"].read_text(encoding="utf-8") == corpus_text()
     with pytest.raises(ValueError, match="unknown size"):
         write_task_data(tmp_path, sizes={"sft_rows": 3})
+
+
+def test_product_naming_by_hand():
+    from rlhfkit.tasks.support import product_naming, product_naming_shares
+
+    assert product_naming(PROMPT, IDEAL) == (True, True)
+    assert product_naming(PROMPT, " I see your lamp arrived damaged.") == (True, False)  # the wrong product
+    assert product_naming(PROMPT, " Sorry, the blender and the lamp.") == (True, False)  # another one besides
+    assert product_naming(PROMPT, GENERIC.replace("blender", "order")) == (False, False)
+    assert product_naming("Customer: The app keeps crashing on my phone.\nAgent:", " Sorry.") is None
+    prompts = [PROMPT] * 4 + ["Customer: The app keeps crashing on my phone.\nAgent:"]
+    replies = [IDEAL, IDEAL, " Your lamp is damaged.", " Sorry for the trouble.", " The lamp."]
+    shares = product_naming_shares(prompts, replies)
+    # 4 replies to a prompt with a product: 3 name one, 2 of those the right one; the app prompt is left out
+    assert shares == {"names_product": pytest.approx(2 / 3, abs=1e-12), "mentions_product": 0.75}

@@ -19,6 +19,7 @@ from .dataset import (
     write_task_data,
 )
 from .judge import GoldBreakdown, gold_breakdown, gold_reward, gold_score
+from .products import product_naming, product_naming_shares
 from .prompts import format_prompt, make_prompts, parse_prompt
 from .replies import ideal_reply, sample_reply
 
@@ -39,6 +40,8 @@ __all__ = [
     "make_prompts",
     "make_sft_rows",
     "parse_prompt",
+    "product_naming",
+    "product_naming_shares",
     "sample_reply",
     "write_task_data",
 ]

@@ -63,6 +63,16 @@ def table(gpus: int) -> str:
     return "\n".join(lines)
 
 
+def task_files(folder: Path, n_prompts: int) -> tuple[Path, Path]:
+    """A prompts file and a reward-function file (shorter replies score higher) for the runs below."""
+    prompts = folder / "p.jsonl"
+    lines = (json.dumps({"prompt": f"Customer: my order {i} is late\nAgent:"}) + "\n" for i in range(n_prompts))
+    prompts.write_text("".join(lines))
+    reward = folder / "r.py"
+    reward.write_text("def short(prompts, completions, **k):\n    return [-len(c) / 50 for c in completions]\n")
+    return prompts, reward
+
+
 def measured_state_bytes(model_dir: Path, algo: str) -> tuple[int, int, int]:
     """(parameters of the policy, bytes predicted by the formula on one process, bytes held by the tensors)
     after one real optimizer step of the online trainer."""
@@ -91,12 +101,7 @@ def measured_state_bytes(model_dir: Path, algo: str) -> tuple[int, int, int]:
     online.OnlineTrainer.step = step
     torch.optim.Optimizer.zero_grad = recording_zero_grad
     with tempfile.TemporaryDirectory() as tmp:
-        prompts = Path(tmp) / "p.jsonl"
-        prompts.write_text(
-            "".join(json.dumps({"prompt": f"Customer: my order {i} is late\nAgent:"}) + "\n" for i in range(8))
-        )
-        reward = Path(tmp) / "r.py"
-        reward.write_text("def short(prompts, completions, **k):\n    return [-len(c) / 50 for c in completions]\n")
+        prompts, reward = task_files(Path(tmp), 8)
         argv = ["--model", str(model_dir), "--data", str(prompts), "--reward-fn", f"{reward}:short"]
         argv += ["--output-dir", f"{tmp}/out", "--max-steps", "1", "--batch-size", "8", "--max-new-tokens", "8"]
         argv += ["--progress", "false"] + (["--num-generations", "4"] if algo == "grpo" else [])
@@ -122,12 +127,7 @@ PEAK += "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
 def timed_runs(model_dir: Path, nproc: int) -> tuple[float, float]:
     """(median s/step, peak RSS MiB of the largest process) of a 12-step `rlhfkit grpo`."""
     with tempfile.TemporaryDirectory() as tmp:
-        prompts = Path(tmp) / "p.jsonl"
-        prompts.write_text(
-            "".join(json.dumps({"prompt": f"Customer: my order {i} is late\nAgent:"}) + "\n" for i in range(32))
-        )
-        reward = Path(tmp) / "r.py"
-        reward.write_text("def short(prompts, completions, **k):\n    return [-len(c) / 50 for c in completions]\n")
+        prompts, reward = task_files(Path(tmp), 32)
         args = ["grpo", "--model", str(model_dir), "--data", str(prompts), "--reward-fn", f"{reward}:short"]
         args += ["--output-dir", f"{tmp}/out", "--max-steps", "12", "--batch-size", "16", "--num-generations", "4"]
         args += ["--max-new-tokens", "32", "--progress", "false"]

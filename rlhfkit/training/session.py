@@ -134,19 +134,14 @@ class Session:
         full weights are gathered first (every process takes part); ``prefix`` then selects the saved
         model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
         self.accelerator.wait_for_everyone()
-        if engines.sharded(self.accelerator):
-            full = engines.full_state_dict(self.accelerator, model)
-            if self.is_main:
-                weights = {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-                target = self.accelerator.unwrap_model(model)
-                for part in filter(None, prefix.rstrip(".").split(".")):
-                    target = getattr(target, part)
-                save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
-        elif self.is_main:
+        # under a sharding engine every process takes part in gathering; the main one writes
+        full = engines.full_state_dict(self.accelerator, model) if engines.sharded(self.accelerator) else None
+        if self.is_main:
             target = self.accelerator.unwrap_model(model)
             for part in filter(None, prefix.rstrip(".").split(".")):
                 target = getattr(target, part)
-            save_pretrained(target, tokenizer, self.output_dir)
+            weights = None if full is None else {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
+            save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
         self.accelerator.wait_for_everyone()
         if close:
             self.close()

@@ -6,6 +6,13 @@ sequences end to end in one row. A block-diagonal causal mask lets each token at
 tokens of its own sequence, and position ids restart at 0 for each sequence, so every real token's output
 is the one the padded batch gives (up to the rounding of reordered float sums).
 
+Online RL samples G completions per prompt, so a batch holds each prompt G times. Given the prompt width,
+rows with the same prompt can share one copy of it: the prompt's tokens are laid out once and then each
+row's response, with a mask that lets a response attend to the prompt and to its own earlier tokens only.
+The outputs are again the padded batch's, from up to (G - 1) x prompt fewer positions per group. In a
+causal LM's packed pass the LM head (a hidden x vocab matmul per position) runs on the positions whose
+logits are used only (``PackedBatch.causal_lm_outputs``), not on prompts or free positions.
+
 The price is attention over longer rows (``rows x width^2``), so ``plan_rows`` picks the packing with the
 lowest estimated cost and packs only when that saves at least ``MIN_SAVING``. Packing needs the model to take
 a ready-made 4-D mask and position ids: the architectures in ``PACKABLE_MODEL_TYPES`` (each checked against
@@ -18,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.models.unwrap import base_model
+from rlhfkit.models.unwrap import base_model, without_ddp
 
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
 MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
@@ -59,6 +66,23 @@ def can_pack(model) -> bool:
     )
 
 
+def split_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """The transformer stack and the LM head of a packable causal LM, so that the head (a ``hidden x vocab``
+    matmul per position) can run on the positions whose logits are used only; None when the model's own
+    forward must run (a hook on it or a forward replaced on the instance, which calling its parts would skip)."""
+    wrapper, base = without_ddp(model), base_model(model)
+    body = getattr(base, getattr(base, "base_model_prefix", ""), None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if base.config.model_type not in PACKABLE_MODEL_TYPES or body is None or head is None:
+        return None
+    for module in {wrapper, base, body}:
+        if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
+            return None
+    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return None
+    return body, head
+
+
 def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     rows: list[list[int]] = []
     loads: list[int] = []
@@ -74,29 +98,58 @@ def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return rows
 
 
+def _cost(rows: int, width: int, span: int) -> float:
+    """Estimated cost of ``rows`` rows of ``width`` positions: matmuls per position plus attention per pair."""
+    return rows * width * (1.0 + width / span)
+
+
+def _best_layout(lengths: list[int], multiple: int, span: int) -> tuple[list[list[int]], float]:
+    """The cheapest rows for sequences of ``lengths`` (see ``plan_rows``) and their cost."""
+    longest, total = max(lengths), sum(lengths)
+    step = max(1, longest // 16)  # at most ~17 widths between the longest sequence and twice it
+    wide = range(1, -(-total // (2 * longest)) + 1)  # rows of a width beyond twice the longest
+    widths = {*range(longest, 2 * longest + 1, step), *(-(-total // r) for r in wide)}
+    best, best_cost = None, float("inf")
+    for capacity in sorted(w for w in widths if w >= longest):
+        rows = _first_fit_decreasing(lengths, capacity)
+        width = _row_width([sum(lengths[i] for i in row) for row in rows], multiple)
+        if _cost(len(rows), width, span) < best_cost:
+            best, best_cost = rows, _cost(len(rows), width, span)
+    return best, best_cost
+
+
 def plan_rows(lengths: list[int], padded_width: int, hidden_size: int, multiple: int = 1) -> list[list[int]] | None:
     """Rows of sequence indices for packing, or None when the padded batch is as cheap.
 
     ``lengths``: real tokens of each sequence; ``padded_width``: the padded batch's width. Cost of a layout
     with R rows of width C (rounded up to ``multiple``): ``R * C * (1 + C / span)``, span = SPAN_PER_HIDDEN x
-    hidden size (matmuls per position plus attention per pair of positions). Tries ~33 widths from the longest
+    hidden size (matmuls per position plus attention per pair of positions). Tries ~17 widths from the longest
     sequence to twice it and wider ones that fill 1, 2, ... rows evenly, each packed first-fit decreasing."""
-    longest, total, span = max(lengths), sum(lengths), SPAN_PER_HIDDEN * hidden_size
+    span = SPAN_PER_HIDDEN * hidden_size
+    rows, cost = _best_layout(lengths, multiple, span)
+    return rows if cost < _cost(len(lengths), padded_width, span) * (1.0 - MIN_SAVING) else None
 
-    def cost(rows: int, width: int) -> float:
-        return rows * width * (1.0 + width / span)
 
-    padded = cost(len(lengths), padded_width)
-    step = max(1, longest // 32)  # at most ~33 widths between the longest sequence and twice it
-    wide = range(1, -(-total // (2 * longest)) + 1)  # rows of a width beyond twice the longest
-    widths = {*range(longest, 2 * longest + 1, step), *(-(-total // r) for r in wide)}
-    best, best_cost = None, padded * (1.0 - MIN_SAVING)
-    for capacity in sorted(w for w in widths if w >= longest):
-        rows = _first_fit_decreasing(lengths, capacity)
-        width = _row_width([sum(lengths[i] for i in row) for row in rows], multiple)
-        if cost(len(rows), width) < best_cost:
-            best, best_cost = rows, cost(len(rows), width)
-    return best
+def shared_prompts(input_ids: torch.Tensor, mask: torch.Tensor, prompt_width: int) -> list[list[int]]:
+    """Rows grouped by identical prompts (the first ``prompt_width`` columns, real tokens only), each group in
+    row order; every row alone when ``prompt_width`` is 0."""
+    if prompt_width == 0:
+        return [[i] for i in range(input_ids.shape[0])]
+    key = torch.where(mask[:, :prompt_width], input_ids[:, :prompt_width], -1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    groups: dict[int, list[int]] = {}
+    for row, group in enumerate(inverse.tolist()):
+        groups.setdefault(group, []).append(row)
+    return list(groups.values())
+
+
+def _chunk_sizes(largest_group: int) -> list[int]:
+    """How many rows may share one copy of their prompt: 1 (no sharing), 2, 4, ... and the whole group."""
+    sizes, size = [1], 2
+    while size < largest_group:
+        sizes.append(size)
+        size *= 2
+    return sorted({*sizes, largest_group})
 
 
 @dataclass
@@ -120,6 +173,19 @@ class PackedBatch:
         """Keyword arguments that run ``model`` (a causal LM, a backbone, a classifier) on the packed rows."""
         return {"input_ids": self.input_ids, "attention_mask": self.mask_for(model), "position_ids": self.position_ids}
 
+    def causal_lm_outputs(self, model, start: int, stop: int, hidden: bool = False):
+        """Run causal LM ``model`` on the packed rows; its logits ``[B, stop-start, V]`` at the padded layout's
+        columns ``start:stop`` (and the last hidden states there, or None). The LM head runs on those
+        positions only where the model allows it (``split_head``), not on every packed position."""
+        parts = split_head(model)
+        if parts is None:
+            out = model(**self.model_inputs(model), output_hidden_states=hidden)
+            states = self.gather(out.hidden_states[-1], start, stop) if hidden else None
+            return self.gather(out.logits, start, stop), states
+        body, head = parts
+        states = self.gather(body(**self.model_inputs(model)).last_hidden_state, start, stop)
+        return head(states), states if hidden else None
+
     def gather(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Packed outputs ``[R, C, ...]`` -> the padded layout's columns ``start:stop``, ``[B, stop-start, ...]``.
         Padding positions get the value at flat position 0: finite, and masked by the caller."""
@@ -129,10 +195,17 @@ class PackedBatch:
         return flat.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[2:])
 
 
-def pack_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int = 0) -> PackedBatch | None:
+def pack_batch(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int = 0, prompt_width: int = 0
+) -> PackedBatch | None:
     """Pack a padded batch for ``model`` (see ``can_pack``), or None when packing would not pay off.
 
     ``input_ids``, ``attention_mask``: ``[B, L]``; the real tokens of a row are those with mask 1, in order.
+    ``prompt_width``: rows are ``[left-padded prompt (prompt_width columns) | response]``, and rows with
+    the same prompt (the G completions of a group) may share one copy of it: the prompt's tokens are laid
+    out once, followed by each row's response, and the mask lets each response attend to the prompt and to
+    its own earlier tokens only, so every output is the one the padded batch gives, from fewer positions.
+    How many rows share a copy (1 = none) is chosen with the row layout, by the same cost estimate.
     Call it where the model will run (inside its autocast context): the row width depends on the precision.
     Position ids in the packed rows count real tokens, as ``(mask.cumsum(1) - 1)`` does in the padded batch."""
     config = _config(model)
@@ -143,32 +216,61 @@ def pack_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad
         return None  # an empty row has no token to pack; a sliding window must not cut a sequence
     device, B = input_ids.device, len(lengths)
     multiple = row_multiple(model, device)
-    rows = plan_rows(lengths, mask.shape[1], config.hidden_size, multiple)
-    if rows is None:
+    span = SPAN_PER_HIDDEN * config.hidden_size
+    prompt = mask[:, :prompt_width].sum(1).tolist()  # real prompt tokens of each row
+    groups = shared_prompts(input_ids, mask, prompt_width)
+    candidates = []  # (lower bound of the cost, chunks, chunk lengths) per number of rows sharing a prompt
+    for size in _chunk_sizes(max(len(g) for g in groups)):
+        chunks = [g[i : i + size] for g in groups for i in range(0, len(g), size)]
+        chunk_lengths = [prompt[c[0]] + sum(lengths[i] - prompt[i] for i in c) for c in chunks]
+        # no layout of these chunks beats every position in rows as wide as the longest chunk
+        candidates.append((sum(chunk_lengths) * (1.0 + max(chunk_lengths) / span), chunks, chunk_lengths))
+    best = None  # (cost, chunks, rows of chunks, chunk lengths)
+    for bound, chunks, chunk_lengths in sorted(candidates, key=lambda c: c[0]):
+        if best is not None and bound >= best[0]:
+            break
+        rows, cost = _best_layout(chunk_lengths, multiple, span)
+        if best is None or cost < best[0]:
+            best = (cost, chunks, rows, chunk_lengths)
+    cost, chunks, rows, chunk_lengths = best
+    if cost >= _cost(B, mask.shape[1], span) * (1.0 - MIN_SAVING):
         return None
-    width = _row_width([sum(lengths[i] for i in row) for row in rows], multiple)
-    # Start of each sequence in the flat [R * C] layout.
-    start = [0] * B
+    width = _row_width([sum(chunk_lengths[c] for c in row) for row in rows], multiple)
+    # Where each row's tokens go in the flat [R * C] layout: its chunk's start, plus (for its response
+    # tokens) the responses of the chunk's earlier rows.
+    chunk_start = [0] * len(chunks)
     for r, row in enumerate(rows):
         offset = r * width
-        for i in row:
-            start[i] = offset
-            offset += lengths[i]
+        for c in row:
+            chunk_start[c] = offset
+            offset += chunk_lengths[c]
+    start, shift, chunk_of_row = [0] * B, [0] * B, [0] * B
+    for c, members in enumerate(chunks):
+        earlier = 0
+        for i in members:
+            start[i], shift[i], chunk_of_row[i] = chunk_start[c], earlier, c
+            earlier += lengths[i] - prompt[i]
     seq, col = mask.nonzero(as_tuple=True)  # real tokens, row by row, in order
     rank = (mask.cumsum(1) - 1)[seq, col]  # position within its sequence
-    dst = torch.tensor(start, device=device)[seq] + rank  # [N]
+    in_prompt = col < prompt_width
+    as_tensor = lambda xs: torch.tensor(xs, device=device)  # noqa: E731
+    dst = as_tensor(start)[seq] + rank + torch.where(in_prompt, 0, as_tensor(shift)[seq])  # [N]
     n_flat = len(rows) * width
     ids = torch.full((n_flat,), pad_id, dtype=input_ids.dtype, device=device)
-    ids[dst] = input_ids[seq, col]
+    ids[dst] = input_ids[seq, col]  # a shared prompt token is written once per row: the same id
     positions = torch.zeros(n_flat, dtype=torch.long, device=device)
     positions[dst] = rank
-    # Segment of each packed position: its sequence, or a segment of its own for a free position (so no
-    # query row of the mask is empty: a fully masked softmax row would give NaN).
-    segment = -1 - torch.arange(n_flat, device=device)
-    segment[dst] = seq
-    segment = segment.view(len(rows), width)
+    # Chunk of each packed position, or a chunk of its own for a free position (so no query row of the mask
+    # is empty: a fully masked softmax row would give NaN); owner: the row of a response token, -1 otherwise.
+    chunk = -1 - torch.arange(n_flat, device=device)
+    chunk[dst] = as_tensor(chunk_of_row)[seq]
+    owner = torch.full((n_flat,), -1, device=device)
+    owner[dst[~in_prompt]] = seq[~in_prompt]
+    chunk, owner = chunk.view(len(rows), width), owner.view(len(rows), width)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    allowed = (segment[:, :, None] == segment[:, None, :]) & causal  # [R, C, C]
+    # query a may attend key b: same chunk, b not later, and b is a prompt token or a's own row's token
+    own = (owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None])
+    allowed = (chunk[:, :, None] == chunk[:, None, :]) & causal & own  # [R, C, C]
     index = torch.zeros(mask.shape, dtype=torch.long, device=device)
     index[seq, col] = dst
     return PackedBatch(ids.view(len(rows), width), positions.view(len(rows), width), allowed[:, None], index)

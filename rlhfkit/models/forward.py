@@ -62,10 +62,7 @@ def response_logits(
     """Logits ``[B, T, V]`` predicting the T response tokens (and the last hidden states ``[B, T, H]``)."""
     L = input_ids.shape[1]
     if packed is not None:
-        out = model(**packed.model_inputs(model), output_hidden_states=hidden)
-        logits = packed.gather(out.logits, L - n_response - 1, L - 1)
-        states = packed.gather(out.hidden_states[-1], L - n_response - 1, L - 1) if hidden else None
-        return logits, states
+        return packed.causal_lm_outputs(model, L - n_response - 1, L - 1, hidden)
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -318,3 +318,90 @@ def test_packed_forward_through_lora_adapters(always_pack):
             packed_lp[adapters] = response_logprobs(policy, ids, mask, T, packed=packed) * m
         assert torch.allclose(padded, packed_lp[adapters], atol=2e-5), adapters
     assert not torch.allclose(packed_lp[True], packed_lp[False], atol=1e-3)  # the adapters do change the policy
+
+
+def grouped_batch(seed: int, groups: int = 3, group_size: int = 4):
+    """[left-padded prompt | right-padded response] rows in groups of ``group_size`` that share their prompt
+    (as GRPO's completions of one prompt do), responses of different lengths; the row order shuffled."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(2, 9))] for _ in range(groups)]
+    rows = [(g, [rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 10))]) for g in range(groups)]
+    rows = [(g, r) for g in range(groups) for r in [rows[g][1]] + [None] * (group_size - 1)]
+    rows = [(g, r or [rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 10))]) for g, r in rows]
+    rng.shuffle(rows)
+    P, T = max(len(p) for p in prompts), max(len(r) for _, r in rows)
+    ids = torch.full((len(rows), P + T), PAD)
+    mask = torch.zeros(len(rows), P + T, dtype=torch.long)
+    for i, (g, r) in enumerate(rows):
+        ids[i, P - len(prompts[g]) : P + len(r)] = torch.tensor(prompts[g] + r)
+        mask[i, P - len(prompts[g]) : P + len(r)] = 1
+    return ids, mask, P, T, [g for g, _ in rows]
+
+
+def test_rows_with_one_prompt_share_it(always_pack):
+    """With the prompt width given, the completions of one prompt share one copy of its tokens: fewer packed
+    positions, each response token placed once, the prompt's tokens shared by their rows, and the mask
+    lets a response see its prompt and its own earlier tokens only."""
+    ids, mask, P, T, group = grouped_batch(0)
+    model = causal_lm("gpt2", "sdpa")
+    plain, shared = pack_batch(model, ids, mask, PAD), pack_batch(model, ids, mask, PAD, prompt_width=P)
+    real = mask.bool()
+    n_prompt = sum(int(mask[group.index(g), :P].sum()) for g in set(group))
+    used = set(shared.index[real].tolist())
+    assert len(used) == int(mask[:, P:].sum()) + n_prompt < len(set(plain.index[real].tolist()))
+    assert torch.equal(shared.input_ids.flatten()[shared.index[real]], ids[real])
+    assert torch.equal(shared.position_ids.flatten()[shared.index[real]], (mask.cumsum(1) - 1)[real])
+    response = [set(shared.index[i, P:][real[i, P:]].tolist()) for i in range(len(group))]
+    for i in range(len(group)):  # rows of one group: the same prompt positions; response positions their own
+        for j in range(len(group)):
+            same_prompt = torch.equal(shared.index[i, :P], shared.index[j, :P])
+            assert same_prompt == (group[i] == group[j])
+            assert i == j or not response[i] & response[j]
+    allowed = shared.allowed[:, 0].reshape(-1, shared.input_ids.shape[1])  # [R*C, C]
+    C = shared.input_ids.shape[1]
+    for i in range(len(group)):
+        last = int(shared.index[i, P + int(mask[i, P:].sum()) - 1])  # the row's last response token
+        r, c = divmod(last, C)
+        seen = {r * C + k for k in range(C) if allowed[r * C + c, k]}
+        assert seen == set(shared.index[i][real[i]].tolist())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gpt_neox"])
+def test_shared_prompt_packing_equals_padded_forward(always_pack, arch):
+    """Log-probs, values and entropies, and every weight's gradient: the same from rows that share prompts."""
+    policy = causal_lm(arch, "sdpa")
+    ac = ActorCritic(policy)
+    torch.nn.init.normal_(ac.value_head.linear.weight, std=0.1)
+    ids, mask, P, T, _ = grouped_batch(1)
+    packed = pack_batch(policy, ids, mask, PAD, prompt_width=P)
+    assert packed.input_ids.numel() < pack_batch(policy, ids, mask, PAD).input_ids.numel()
+    response_mask = mask[:, -T:].float()
+    outputs, grads = [], []
+    for p in (None, packed):
+        ac.zero_grad()
+        out = ac(ids, mask, T, 0.7, True, packed=p)
+        sum(((o * response_mask) * torch.linspace(0.5, 1.5, T)).sum() for o in out).backward()
+        outputs.append([o * response_mask for o in out])
+        grads.append({n: w.grad.clone() for n, w in ac.named_parameters() if w.grad is not None})
+    for padded, packed_out in zip(*outputs):
+        assert torch.allclose(padded, packed_out, atol=2e-5), float((padded - packed_out).abs().max())
+    for name, g in grads[0].items():
+        assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
+
+
+def test_the_lm_head_runs_on_the_kept_positions_only(always_pack):
+    """Packed log-probs take the LM head's matmul on the gathered response positions, not on every packed
+    position; a hook on the model's forward makes it run whole (the hook must see its call)."""
+    policy = causal_lm("gpt2", "sdpa")
+    ids, mask, T = ragged_batch(2)
+    packed = pack_batch(policy, ids, mask, PAD)
+    rows = []
+    handle = policy.lm_head.register_forward_hook(lambda m, a, out: rows.append(out.shape[:-1].numel()))
+    response_logprobs(policy, ids, mask, T, packed=packed)
+    assert rows == [len(ids) * T] and len(ids) * T != packed.input_ids.numel()
+    calls = []
+    hook = policy.register_forward_hook(lambda *a: calls.append(1))
+    rows.clear()
+    response_logprobs(policy, ids, mask, T, packed=packed)
+    assert calls == [1] and rows == [packed.input_ids.numel()]
+    hook.remove(), handle.remove()

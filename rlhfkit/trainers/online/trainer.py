@@ -99,11 +99,12 @@ class OnlineTrainer:
     def kl_in_reward(self) -> bool:
         return self.has_reference and not self.kl_args.kl_in_loss
 
-    def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedBatch | None:
-        """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded."""
+    def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> PackedBatch | None:
+        """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded.
+        The completions of one prompt may share one copy of it (``pack_batch``)."""
         if not self.pack_sequences:
             return None
-        return pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id)
+        return pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id, prompt_width)
 
     def reference_logprobs(self, input_ids, attention_mask, n_response: int, packed) -> torch.Tensor:
         """``[B, T]`` log-probs under the frozen reference (LoRA: the policy with its adapters off)."""
@@ -157,7 +158,7 @@ class OnlineTrainer:
         T = response_ids.shape[1]
         first_pass = None
         with self.accelerator.autocast():
-            packed = self.packed(input_ids, attn)
+            packed = self.packed(input_ids, attn, query_ids.shape[1])
             if self.reuses_first_pass:
                 self.actor_critic.train()
                 with torch.enable_grad():
@@ -274,9 +275,8 @@ class OnlineTrainer:
         mask = mb.loss_mask.float()
         if outputs is None:
             input_ids, attn = mb.input_ids, mb.attention_mask
-            outputs = self.actor_critic(
-                input_ids, attn, mb.n_response, self.gen.temperature, True, packed=self.packed(input_ids, attn)
-            )
+            packed = self.packed(input_ids, attn, mb.query_ids.shape[1])
+            outputs = self.actor_critic(input_ids, attn, mb.n_response, self.gen.temperature, True, packed=packed)
         logprobs, values, entropy = outputs
         p = self.policy_args
         surrogate = ops.ppo_policy_loss_per_token if p.importance_ratio == "token" else ops.sequence_ratio_policy_loss

@@ -78,9 +78,9 @@ def measured_state_bytes(model_dir: Path, algo: str) -> tuple[int, int, int]:
     after one real optimizer step of the online trainer."""
     import torch
 
+    import rlhfkit.trainers.online as online
     from rlhfkit.cli.main import COMMANDS
     from rlhfkit.config.parse import parse_config
-    from rlhfkit.trainers.online import trainer as online
 
     captured = {}
     original, zero_grad = online.OnlineTrainer.step, torch.optim.Optimizer.zero_grad

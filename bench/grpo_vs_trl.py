@@ -305,7 +305,7 @@ def import_rss(env: dict) -> dict:
     environment (see common.rss_comparable)."""
     out = {}
     for name, python, code in [
-        ("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.online.trainer"),
+        ("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.online"),
         ("trl", str(TRL_GRPO_PYTHON), "from trl import GRPOConfig, GRPOTrainer"),
         ("torch_rlhfkit", PYTHON, "import torch"),
         ("torch_trl", str(TRL_GRPO_PYTHON), "import torch"),

@@ -166,7 +166,7 @@ def import_rss() -> dict:
     out = {}
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
     for name, python, code in [
-        ("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.online.trainer"),
+        ("rlhfkit", PYTHON, "import rlhfkit.cli.main, rlhfkit.trainers.online"),
         ("trl", str(TRL_PYTHON), "from trl.experimental.ppo import PPOTrainer"),
         ("torch_rlhfkit", PYTHON, "import torch"),
         ("torch_trl", str(TRL_PYTHON), "import torch"),

@@ -267,7 +267,7 @@ def torch_profile_one_step(flags: list[str], top: int) -> None:
 
     from rlhfkit.config.commands import PPOConfig
     from rlhfkit.config.parse import parse_config
-    from rlhfkit.trainers.online import trainer
+    from rlhfkit.trainers.online import run, trainer
 
     cfg, _ = parse_config("rlhfkit ppo", PPOConfig, flags)
     prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=1, repeat=1))
@@ -280,7 +280,7 @@ def torch_profile_one_step(flags: list[str], top: int) -> None:
 
     trainer.OnlineTrainer.step = ppo_step
     with prof:
-        trainer.train(cfg)
+        run.train(cfg)
     trainer.OnlineTrainer.step = original
     events = prof.key_averages()
     total_calls = sum(e.count for e in events)

@@ -5,11 +5,11 @@
     print(summary(result["stamp"]))     # one line, printed under the table
 
     {"commit": "<git HEAD sha>[-dirty]", "date": "<UTC ISO-8601, start of the run>",
-     "machine": {"cpu", "logical_cores", "ram_gib", "os", "kernel", "python", "torch", "rlhfkit"},
+     "machine": {"cpu", "isa", "logical_cores", "ram_gib", "os", "kernel", "python", "torch", "rlhfkit"},
      "load": {"start": [1, 5, 15 min], "end": [1, 5, 15 min], "warning": null or a sentence}}
 
 ``-dirty``: tracked files under rlhfkit/ or bench/ differ from HEAD (staged or not) when the run starts.
-Only the standard library is used here; torch and rlhfkit are asked only for their versions.
+Only the standard library is used here; torch is asked for its version and kernel level, rlhfkit for its version.
 """
 
 from __future__ import annotations
@@ -78,6 +78,30 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def cpu_isa() -> str | None:
+    """The vector instruction sets that decide CPU matmul speed: the widest torch's kernels use here (its
+    "CPU capability") and the AVX-512 / bf16 / AMX flags the CPU reports. Machines sold under one model
+    name ("AMD EPYC") differ here by 2x and more, so results are comparable only where this matches."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("flags"):
+                flags = set(line.partition(":")[2].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    found = [f for f in wanted if f in flags]
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        capability = None
+    parts = ([f"torch kernels {capability}"] if capability else []) + ([" ".join(found)] if found else [])
+    return ", ".join(parts) or None
+
+
 def ram_gib() -> float | None:
     try:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -116,6 +140,7 @@ def rlhfkit_version() -> str | None:
 def machine() -> dict:
     return {
         "cpu": cpu_model(),
+        "isa": cpu_isa(),
         "logical_cores": os.cpu_count(),
         "ram_gib": ram_gib(),
         "os": os_name(),
@@ -165,7 +190,7 @@ def summary(stamp: dict | None) -> str:
     if m:
         ram = m.get("ram_gib")
         parts.append(
-            f"{m.get('cpu') or '?'}, {m.get('logical_cores') or '?'} cores, "
+            f"{m.get('cpu') or '?'}{' (' + m['isa'] + ')' if m.get('isa') else ''}, {m.get('logical_cores') or '?'} cores, "
             f"{'?' if ram is None else ram} GiB, {m.get('os') or '?'} ({m.get('kernel') or '?'}), "
             f"Python {m.get('python') or '?'}, torch {m.get('torch') or '?'}, rlhfkit {m.get('rlhfkit') or '?'}"
         )

@@ -105,12 +105,13 @@ _FASTER: dict[tuple[int, int, int], bool] = {}  # (in features, out features, th
 
 def decisions_file() -> Path:
     """Where the timings' verdicts are kept: ``$RLHFKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlhfkit``, else
-    ``~/.cache/rlhfkit``; one file per CPU model and torch version."""
+    ``~/.cache/rlhfkit``; one file per CPU (model name and vector instruction sets: one model name covers
+    machines with and without AVX-512) and torch version."""
     if os.environ.get("RLHFKIT_CACHE_DIR"):
         root = Path(os.environ["RLHFKIT_CACHE_DIR"])
     else:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlhfkit"
-    machine = f"{_cpu_model()}-torch-{torch.__version__}"
+    machine = f"{_cpu_model()}-{_cpu_isa()}-torch-{torch.__version__}"
     return root / f"onednn-linear-{hashlib.sha1(machine.encode()).hexdigest()[:12]}.json"
 
 
@@ -122,6 +123,20 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _cpu_isa() -> str:
+    """torch's CPU kernel level here (e.g. AVX2, AVX512) and the CPU's AVX-512 / AMX flags."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wide = sorted(f for f in flags if f.startswith(("avx512", "amx")))
+    return "+".join([torch.backends.cpu.get_cpu_capability(), *wide])
 
 
 def _read_decisions() -> dict[str, bool]:

@@ -142,3 +142,14 @@ def test_layers_are_swapped_only_where_onednn_is_faster_at_their_shape(monkeypat
     monkeypatch.setattr(kernels, "_FASTER", {})
     monkeypatch.setattr(kernels, "_time_shape", lambda *a: pytest.fail("timed again"))
     assert kernels.onednn_faster(256, 384) and not kernels.onednn_faster(256, 512)
+
+
+def test_verdicts_are_kept_per_cpu_instruction_set(monkeypatch, tmp_path):
+    """One CPU model name covers machines with and without AVX-512, where the faster kernel differs: their
+    verdicts go to different files."""
+    monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(kernels, "_cpu_isa", lambda: "AVX2")
+    avx2 = kernels.decisions_file()
+    monkeypatch.setattr(kernels, "_cpu_isa", lambda: "AVX512+avx512f")
+    assert kernels.decisions_file() != avx2 and kernels.decisions_file().parent == avx2.parent == tmp_path

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 import rlhfkit
 from rlhfkit.errors import UserError
 from rlhfkit.trainers.online import train
-from rlhfkit.trainers.online.trainer import OnlineTrainer, build_models
+from rlhfkit.trainers.online.run import build_models
+from rlhfkit.trainers.online.trainer import OnlineTrainer
 
 from .conftest import PROMPTS, parse, read_metrics
 

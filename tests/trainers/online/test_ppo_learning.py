@@ -79,7 +79,7 @@ def test_sequence_advantage_also_learns(thanks_task, tmp_path):
 def test_lora_trains_and_reference_is_base_model(thanks_task, tmp_path):
     from rlhfkit.models.loading import load_tokenizer
     from rlhfkit.models.lora import adapters_off
-    from rlhfkit.trainers.online.trainer import build_models
+    from rlhfkit.trainers.online.run import build_models
 
     model, prompts = thanks_task
     cfg = parse(

@@ -1,0 +1,147 @@
+"""The `rlhfkit ppo` / `grpo` / `rloo` command around ``OnlineTrainer``: validate the prompts and rewards,
+build the roles, open the session, run one step per batch of prompts, save the final policy."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rlhfkit.config.online import OnlineConfig
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.schema import load_examples
+from rlhfkit.errors import UserError
+from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
+from rlhfkit.models.lora import apply_lora
+from rlhfkit.models.reward import RewardScorer
+from rlhfkit.trainers.online.monitor import HackingMonitor
+from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
+from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter
+from rlhfkit.trainers.online.rewards import build_rewards
+from rlhfkit.trainers.online.trainer import OnlineTrainer, PromptBatch
+from rlhfkit.training import engines, updates
+from rlhfkit.training.distributed import gather_objects, per_rank
+from rlhfkit.training.runtime import disable_dropout, seed_everything
+from rlhfkit.training.session import open_session
+from rlhfkit.training.stream import IndexStream
+
+
+def check_split(cfg: OnlineConfig, world: int) -> None:
+    """A step's completions split into whole groups per process, and each process's share into whole
+    minibatches and micro-batches."""
+    G = cfg.advantage.num_generations
+    prompts = cfg.optim.batch_size // G
+    if prompts % world:
+        raise UserError(
+            f"--batch-size {cfg.optim.batch_size} / --num-generations {G} = {prompts} prompts per step must be "
+            f"divisible by the number of processes ({world}): a prompt's completions stay on one process"
+        )
+    split = cfg.policy.num_minibatches * cfg.optim.gradient_accumulation_steps
+    per_rank(
+        cfg.optim.batch_size,
+        world,
+        what="--batch-size",
+        unit=split,
+        unit_what="--num-minibatches x --gradient-accumulation-steps",
+    )
+
+
+def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Module | None]:
+    """Policy (+LoRA), the value function when the estimator needs one, and the frozen reference: a copy of
+    the starting policy, or None (LoRA: the backbone with adapters off; or no KL term needs a reference)."""
+    policy = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
+    disable_dropout(policy)
+    ref_model = None
+    if cfg.lora.lora_r > 0:
+        policy = apply_lora(policy, cfg.lora)
+    elif cfg.needs_reference:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = getattr(cfg, "critic", None) if cfg.needs_critic else None
+    value_model = None
+    if critic is not None and critic.value_model:
+        vm = load_reward_model(critic.value_model, cfg.model.trust_remote_code)
+        disable_dropout(vm)
+        value_model = SeparateValueModel(vm)
+    return ActorCritic(policy, value_model, critic=cfg.needs_critic), ref_model
+
+
+def train(cfg: OnlineConfig, scorer=None) -> dict:
+    """Run the online-RL algorithm ``cfg`` configures (``PPOConfig``, ``GRPOConfig``, ``RLOOConfig``).
+    ``scorer`` replaces the reward model (any object with RewardScorer's ``score(prompts, responses,
+    finished=...)``, ``stats`` and ``conservative_k``), e.g. a known function in tests."""
+    name = f"rlhfkit {cfg.algorithm}"
+    # 1. Validate the prompts and the rewards before anything heavy.
+    examples = load_examples(cfg.data.data, "prompt", name)
+    eval_examples = load_examples(cfg.data.eval_data, "prompt", name) if cfg.data.eval_data else []
+    G = cfg.advantage.num_generations
+    prompts_per_step = cfg.optim.batch_size // G
+    if len(examples) < prompts_per_step:
+        raise UserError(
+            f"{cfg.data.data}: {len(examples)} prompts, fewer than the {prompts_per_step} a step takes "
+            f"(--batch-size {cfg.optim.batch_size} / --num-generations {G})"
+        )
+    gold = GoldEvaluator.create(cfg.monitor.gold_judge, eval_examples)
+    rewards = build_rewards(cfg.reward, cfg.data.data)  # reward functions, checked now; the model comes later
+
+    # 2. The roles.
+    tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    seed_everything(cfg.run.seed)  # new weights (LoRA) start the same on every process
+    actor_critic, ref_model = build_models(cfg, tokenizer)
+    prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
+
+    # 3. Session, trainer, resume.
+    steps = (
+        cfg.optim.max_steps
+        if cfg.optim.max_steps > 0
+        else updates.total_steps(cfg.optim, len(examples), prompts_per_step)
+    )
+    session = open_session(cfg, cfg.run, steps, desc=cfg.algorithm)
+    ranks = session.ranks
+    check_split(cfg, ranks.world)
+    updates.check_engine(session.accelerator, cfg.optim)
+    if scorer is None and cfg.reward.reward_model:
+        scorer = RewardScorer.load(
+            cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
+        )
+    rewards = build_rewards(cfg.reward, cfg.data.data, scorer) if scorer is not None else rewards
+    if ref_model is not None:
+        ref_model.to(session.device)
+    trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session)
+    stream = IndexStream(len(examples), cfg.run.seed)
+    resumed = session.restore(trainer.checkpoint_models(), trainer.optimizer) if cfg.run.resume else None
+    if resumed is not None:
+        trainer.load_state_dict(resumed, stream)
+    samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
+    monitor = HackingMonitor(session.logger)
+    if resumed is not None:
+        monitor.load_state_dict(resumed["monitor"])
+
+    # 4. The loop: one step per batch of prompts.
+    metrics: dict = {}
+    for step in range(session.start_step + 1, steps + 1):
+        # Every process takes the same prompts from the stream and keeps its own block of them.
+        index = ranks.block(stream.take(prompts_per_step))
+        batch = PromptBatch(examples, prompt_ids, index, G, first_group=ranks.rank * len(index))
+        metrics = trainer.step(batch)
+        rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
+        if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
+            with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
+                metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+        if rollout is not None:
+            texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
+            metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
+        if session.log_due(step, cfg.run, metrics):
+            session.logger.log(step, metrics)
+        if rollout is not None and (step % cfg.monitor.sample_steps == 0 or step == steps):
+            samples.write(step, gather_objects(batch.prompts), rollout, tokenizer, ranks.world)
+        if cfg.kl.ref_update_steps and step % cfg.kl.ref_update_steps == 0:
+            trainer.refresh_reference()
+        state = lambda: {**trainer.state_dict(stream), "monitor": monitor.state_dict()}  # noqa: E731
+        if session.save_due(step, cfg.run):
+            session.save(step, trainer.checkpoint_models(), state(), trainer.optimizer)
+        session.logger.advance()
+        session.stop_if_requested(step, trainer.checkpoint_models(), state(), trainer.optimizer)
+
+    # 5. Final policy in Hugging Face format; a value head stays in checkpoints/.
+    session.finish(trainer.actor_critic, tokenizer, prefix="policy.")
+    return metrics

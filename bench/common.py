@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -107,6 +108,40 @@ class LoadSampler(threading.Thread):
             "min": round(min(xs), 2),
             "samples": len(xs),
         }
+
+
+class Results(dict):
+    """A benchmark's JSON result: the stamp, the arguments and settings, the machine, ``sizes`` (filled by the
+    runs) and the load while it ran. ``save`` rewrites the file after every run, so an interrupted benchmark
+    keeps what it measured; ``close`` stops the load sampler and writes the load after the runs."""
+
+    def __init__(self, path: Path, stamp: Stamp, **fields):
+        super().__init__(
+            stamp=stamp.record(),
+            **fields,
+            load_before=load_average(),
+            machine={
+                "cpus": os.cpu_count(),
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "python": platform.python_version(),
+            },
+            sizes={},
+        )
+        self.path, self.stamp = path, stamp
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.sampler = LoadSampler()
+        self.sampler.start()
+
+    def save(self) -> None:
+        self["stamp"] = self.stamp.record()
+        self["load_during"] = self.sampler.summary()
+        self.path.write_text(json.dumps(self, indent=1, default=str))
+
+    def close(self) -> None:
+        self.sampler.stopped.set()
+        self["load_after"] = load_average()
+        self.save()
 
 
 def machine_busy_s() -> float | None:

@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -47,7 +46,7 @@ from common import (
     PREP,
     PYTHON,
     TRL_GRPO_PYTHON,
-    LoadSampler,
+    Results,
     build_models,
     busy_cores,
     check,
@@ -510,33 +509,17 @@ def main(argv: list[str] | None = None) -> None:
     from rlhfkit.data.schema import load_examples
 
     eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
-    results: dict = {
-        "stamp": stamp.record(),
-        "args": vars(args),
-        "settings": dict(SETTINGS, trl_loss_type=TRL_LOSS_TYPE[SETTINGS["loss_aggregation"]]),
-        "reward": f"{REWARD_FILE.relative_to(BENCH.parent)}:{REWARD_NAME}",
-        "load_before": load_average(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "python": platform.python_version(),
-        },
-        "sizes": {},
-    }
+    results = Results(
+        Path(args.out),
+        stamp,
+        args=vars(args),
+        settings=dict(SETTINGS, trl_loss_type=TRL_LOSS_TYPE[SETTINGS["loss_aggregation"]]),
+        reward=f"{REWARD_FILE.relative_to(BENCH.parent)}:{REWARD_NAME}",
+    )
     results["import_rss_mb"] = import_rss(env) if not args.skip_trl else {}
     warning = rss_comparable(results["import_rss_mb"])
     if warning:
         log(warning)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sampler = LoadSampler()
-    sampler.start()
-
-    def save() -> None:  # after every run, so an interrupted benchmark keeps what it measured
-        results["stamp"] = stamp.record()
-        results["load_during"] = sampler.summary()
-        out.write_text(json.dumps(results, indent=1, default=str))
 
     for size in sizes:
         models = build_models(size, work, data, log)
@@ -573,14 +556,12 @@ def main(argv: list[str] | None = None) -> None:
                     f"{statistics.mean(r['rewards'][-args.gain_window :]):.2f}, held-out {before:.2f} -> "
                     f"{r['heldout']:.2f}; busy before {gate['busy_cores']}, others during {r['others_busy_cores']}"
                 )
-                save()
+                results.save()
         res["summary"] = summarise(res)
-        save()
-    sampler.stopped.set()
-    results["load_after"] = load_average()
-    save()
+        results.save()
+    results.close()
     print_table(results)
-    print(f"\nwrote {out}")
+    print(f"\nwrote {results.path}")
 
 
 if __name__ == "__main__":

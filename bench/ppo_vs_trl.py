@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -43,7 +42,7 @@ from common import (
     PYTHON,
     SETTINGS,
     TRL_PYTHON,
-    LoadSampler,
+    Results,
     build_models,
     check,
     fmt,
@@ -314,32 +313,16 @@ def main(argv: list[str] | None = None) -> None:
     from rlhfkit.data.schema import load_examples
 
     eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
-    results: dict = {
-        "stamp": stamp.record(),
-        "args": vars(args),
-        "settings": SETTINGS,
-        "load_before": load_average(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "python": platform.python_version(),
-        },
-        "sizes": {},
-    }
+    results = Results(
+        Path(args.out),
+        stamp,
+        args=vars(args),
+        settings=SETTINGS,
+    )
     results["import_rss_mb"] = import_rss() if not args.skip_trl else {}
     warning = rss_comparable(results["import_rss_mb"])
     if warning:
         log(warning)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    sampler = LoadSampler()
-    sampler.start()
-
-    def save() -> None:  # after every run, so an interrupted benchmark keeps what it measured
-        results["stamp"] = stamp.record()
-        results["load_during"] = sampler.summary()
-        out.write_text(json.dumps(results, indent=1, default=str))
 
     for size in sizes:
         models = build_models(size, work, data, log)
@@ -395,15 +378,13 @@ def main(argv: list[str] | None = None) -> None:
                     f"peak RSS {r['peak_rss_mb']:.0f} MB, gold {before['gold']:.2f} -> {r['eval']['gold']:.2f}, "
                     f"load {r['load_1min_start_end']}"
                 )
-                save()
+                results.save()
             res["sft_footprint"].append(run_sft_footprint(models, data, runs_dir / f"sft-footprint-r{k}"))
         res["summary"] = summarise(res)
-        save()
-    sampler.stopped.set()
-    results["load_after"] = load_average()
-    save()
+        results.save()
+    results.close()
     print_table(results)
-    print(f"\nwrote {out}")
+    print(f"\nwrote {results.path}")
 
 
 if __name__ == "__main__":

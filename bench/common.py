@@ -110,6 +110,33 @@ class LoadSampler(threading.Thread):
         }
 
 
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prepare(threads: int, work_dir: str, trl_setup: str | None) -> tuple[Path, dict[str, Path], list]:
+    """What a benchmark does before its runs: the thread count (``threads`` > 0: set here and inherited by
+    every run), quiet transformers, TRL's environment (``trl_setup``: its setup script in bench/; None
+    skips it), the task data in ``work_dir``. Returns the work folder, the data files and the held-out
+    prompts."""
+    if threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)  # every run and this process's held-out sampling
+        torch.set_num_threads(threads)
+    from transformers.utils import logging as hf_logging
+
+    from rlhfkit.data.schema import load_examples
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if trl_setup:
+        subprocess.run(["bash", str(BENCH / trl_setup)], check=True)
+    work = Path(work_dir).resolve()
+    data = task_data(work)
+    eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
+    return work, data, eval_prompts
+
+
 class Results(dict):
     """A benchmark's JSON result: the stamp, the arguments and settings, the machine, ``sizes`` (filled by the
     runs) and the load while it ran. ``save`` rewrites the file after every run, so an interrupted benchmark

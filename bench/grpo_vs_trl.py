@@ -36,11 +36,9 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
-import torch
 from common import (
     BENCH,
     PREP,
@@ -52,12 +50,13 @@ from common import (
     check,
     fmt,
     load_average,
+    log,
     machine_busy_s,
     mean_std,
+    prepare,
     rss_comparable,
     run_measured,
     step_stats,
-    task_data,
 )
 from stamp import Stamp, summary
 
@@ -490,25 +489,8 @@ def main(argv: list[str] | None = None) -> None:
     if SETTINGS["batch_size"] % SETTINGS["num_generations"]:
         ap.error("--batch-size must be a multiple of --num-generations")
 
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
+    work, data, eval_prompts = prepare(args.threads, args.work_dir, None if args.skip_trl else "setup_trl_grpo_env.sh")
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
-    if args.threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = os.environ[var] = str(args.threads)  # every run and this process's held-out sampling
-        torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if not args.skip_trl:
-        subprocess.run(["bash", str(BENCH / "setup_trl_grpo_env.sh")], check=True)
-    work = Path(args.work_dir).resolve()
-    data = task_data(work)
-    from rlhfkit.data.schema import load_examples
-
-    eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
     results = Results(
         Path(args.out),
         stamp,

@@ -29,11 +29,8 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
-import torch
 from common import (
     BENCH,
     DEFAULT_LORA_LR,
@@ -47,13 +44,14 @@ from common import (
     check,
     fmt,
     load_average,
+    log,
     mean_std,
+    prepare,
     rlhfkit_cmd,
     rlhfkit_ppo_flags,
     rss_comparable,
     run_measured,
     step_stats,
-    task_data,
 )
 from gold_eval import evaluate
 from stamp import Stamp, summary
@@ -295,24 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps < 3:
         ap.error("--steps must be at least 3 (the first step is excluded, and a median needs steps)")
 
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-    if args.threads:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(args.threads)  # inherited by every subprocess
-        torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if not args.skip_trl:
-        subprocess.run(["bash", str(BENCH / "setup_trl_env.sh")], check=True)
-    work = Path(args.work_dir).resolve()
-    data = task_data(work)
-    from rlhfkit.data.schema import load_examples
-
-    eval_prompts = [ex.prompt for ex in load_examples(str(data["prompts_eval"]), "prompt", "bench")]
+    work, data, eval_prompts = prepare(args.threads, args.work_dir, None if args.skip_trl else "setup_trl_env.sh")
     results = Results(
         Path(args.out),
         stamp,

@@ -25,6 +25,15 @@ def enabled() -> bool:
     return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def forward_intercepted(*modules: nn.Module) -> bool:
+    """Whether running these modules' parts directly (as the lean decode step and the packed LM head do)
+    would skip something their ``forward`` does: a forward hook or pre-hook on one of them, a forward
+    replaced on the instance (an autocast wrapper), or a hook registered on every module."""
+    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in modules)
+
+
 def prepare_model(model: nn.Module) -> dict[str, int]:
     """Apply the kernel swaps to a freshly loaded model; returns how many modules each swap changed."""
     from rlhfkit.accel.kernels import fast_linears, fuse_activations, onednn_ready

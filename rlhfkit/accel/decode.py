@@ -27,14 +27,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.accel import enabled
+from rlhfkit.accel import enabled, forward_intercepted
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 LEAN_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2"})
-
-
-def _has_hooks(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def _body(base) -> torch.nn.Module | None:
@@ -59,9 +55,7 @@ def _supported(model) -> bool:
     body = _body(base)
     if body is None or not hasattr(base, "lm_head"):
         return False
-    if any(_has_hooks(m) or "forward" in vars(m) for m in {wrapper, base, body}):
-        return False  # a hook on a forward this step skips, or a forward replaced on the instance (an autocast wrapper)
-    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+    if forward_intercepted(wrapper, base, body):
         return False
     if config.model_type == "gpt2":
         attn = body.h[0].attn

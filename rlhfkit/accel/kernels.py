@@ -115,6 +115,7 @@ def decisions_file() -> Path:
     return root / f"onednn-linear-{hashlib.sha1(machine.encode()).hexdigest()[:12]}.json"
 
 
+@functools.cache
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -125,6 +126,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
 def _cpu_isa() -> str:
     """torch's CPU kernel level here (e.g. AVX2, AVX512) and the CPU's AVX-512 / AMX flags."""
     flags: set[str] = set()

@@ -13,10 +13,11 @@ The outputs are again the padded batch's, from up to (G - 1) x prompt fewer posi
 causal LM's packed pass the LM head (a hidden x vocab matmul per position) runs on the positions whose
 logits are used only (``PackedBatch.causal_lm_outputs``), not on prompts or free positions.
 
-The price is attention over longer rows (``rows x width^2``), so ``plan_rows`` picks the packing with the
-lowest estimated cost and packs only when that saves at least ``MIN_SAVING``. Packing needs the model to take
-a ready-made 4-D mask and position ids: the architectures in ``PACKABLE_MODEL_TYPES`` (each checked against
-the padded forward in the tests) with ``sdpa`` or ``eager`` attention.
+The price is attention over longer rows (``rows x width^2``), so ``pack_batch`` picks the packing with the
+lowest estimated cost (``plan_rows`` for a set of sequences alone) and packs only when that saves at least
+``MIN_SAVING``. Packing needs the model to take a ready-made 4-D mask and position ids: the architectures in
+``PACKABLE_MODEL_TYPES`` (each checked against the padded forward in the tests) with ``sdpa`` or ``eager``
+attention.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.accel import forward_intercepted
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
@@ -75,12 +77,7 @@ def split_head(model) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if base.config.model_type not in PACKABLE_MODEL_TYPES or body is None or head is None:
         return None
-    for module in {wrapper, base, body}:
-        if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
-            return None
-    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
-        return None
-    return body, head
+    return None if forward_intercepted(wrapper, base, body) else (body, head)
 
 
 def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -101,6 +98,11 @@ def _first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
 def _cost(rows: int, width: int, span: int) -> float:
     """Estimated cost of ``rows`` rows of ``width`` positions: matmuls per position plus attention per pair."""
     return rows * width * (1.0 + width / span)
+
+
+def _pays_off(cost: float, padded_rows: int, padded_width: int, span: int) -> bool:
+    """Whether a layout of this estimated cost saves at least ``MIN_SAVING`` against the padded batch."""
+    return cost < _cost(padded_rows, padded_width, span) * (1.0 - MIN_SAVING)
 
 
 def _best_layout(lengths: list[int], multiple: int, span: int) -> tuple[list[list[int]], float]:
@@ -127,7 +129,7 @@ def plan_rows(lengths: list[int], padded_width: int, hidden_size: int, multiple:
     sequence to twice it and wider ones that fill 1, 2, ... rows evenly, each packed first-fit decreasing."""
     span = SPAN_PER_HIDDEN * hidden_size
     rows, cost = _best_layout(lengths, multiple, span)
-    return rows if cost < _cost(len(lengths), padded_width, span) * (1.0 - MIN_SAVING) else None
+    return rows if _pays_off(cost, len(lengths), padded_width, span) else None
 
 
 def shared_prompts(input_ids: torch.Tensor, mask: torch.Tensor, prompt_width: int) -> list[list[int]]:
@@ -233,7 +235,7 @@ def pack_batch(
         if best is None or cost < best[0]:
             best = (cost, chunks, rows, chunk_lengths)
     cost, chunks, rows, chunk_lengths = best
-    if cost >= _cost(B, mask.shape[1], span) * (1.0 - MIN_SAVING):
+    if not _pays_off(cost, B, mask.shape[1], span):
         return None
     width = _row_width([sum(chunk_lengths[c] for c in row) for row in rows], multiple)
     # Where each row's tokens go in the flat [R * C] layout: its chunk's start, plus (for its response

@@ -55,15 +55,47 @@ def plot(out: Path) -> list[str]:
     return ["ppo_curves.png", "proxy_vs_gold.png"]
 
 
-def headline(m: dict, rm_acc: float, ceiling: float) -> list[str]:
-    """The report's opening in plain words: what was trained, and what the numbers show."""
+def gold_peak(rows: list[dict]) -> tuple[int, float] | None:
+    """(step, gold) of the highest held-out gold score a PPO run logged (``--gold-steps``), or None."""
+    steps, golds = _series(rows, "reward/gold")
+    if not golds:
+        return None
+    i = max(range(len(golds)), key=golds.__getitem__)
+    return steps[i], golds[i]
+
+
+def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, float] | None = None) -> list[str]:
+    """The report's opening in plain words: what was trained, and what the numbers show. ``no_kl_peak``: the
+    (step, gold) at which the beta = 0 run's logged gold score peaked."""
     gold = {n: m[n]["reward/gold"] for n in MODELS}
     ppo, dpo, hack = gold["ppo"] - gold["sft"], gold["dpo"] - gold["sft"], m["ppo_no_kl"]
+    kl, kl_ppo = hack.get("kl/ref", float("nan")), m["ppo"].get("kl/ref", float("nan"))
 
     def moved(delta: float) -> str:
         return f"raised it by {delta:+.2f}" if delta > 0 else f"changed it by {delta:+.2f}"
 
-    over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["sft"]
+    over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["ppo"]
+    if over:
+        where = "below where it started" if gold["ppo_no_kl"] < gold["sft"] else "below PPO's with the penalty"
+        peak = (
+            f" During training its gold score on the held-out prompts peaked at {no_kl_peak[1]:.2f} "
+            f"(step {no_kl_peak[0]}) and then fell while the reward model's score kept rising."
+            if no_kl_peak is not None and no_kl_peak[1] > gold["ppo_no_kl"]
+            else ""
+        )
+        no_kl = (
+            f"Without the KL penalty (beta = 0) PPO pushes the reward model's score higher still "
+            f"({hack['reward/score']:.2f} against {m['ppo']['reward/score']:.2f}) while the gold score ends at "
+            f"{gold['ppo_no_kl']:.2f}, {where}: the policy has found what the reward model gets wrong (reward "
+            f"over-optimisation), drifting far from the SFT model (KL {kl:.0f} against {kl_ppo:.1f}).{peak}"
+        )
+    else:
+        no_kl = (
+            f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
+            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model (KL {kl:.1f} against "
+            f"{kl_ppo:.1f}) did not cost gold score within its steps, so the over-optimisation it risks does not "
+            "show here."
+        )
     return [
         "**What this is.** A small language model, trained from scratch on this machine, learns to reply to "
         "customer-support messages. First it imitates example replies of mixed quality (SFT). Then it learns "
@@ -74,18 +106,7 @@ def headline(m: dict, rm_acc: float, ceiling: float) -> list[str]:
         "",
         f"**What it shows.** The SFT model's replies score {gold['sft']:.2f} with the gold judge (out of 5). "
         f"PPO with the KL penalty {moved(ppo)}, to {gold['ppo']:.2f}; DPO {moved(dpo)}, to {gold['dpo']:.2f}. "
-        + (
-            f"Without the KL penalty (beta = 0) PPO pushes the reward model's score higher still "
-            f"({hack['reward/score']:.2f} against {m['ppo']['reward/score']:.2f}) while the gold score falls to "
-            f"{gold['ppo_no_kl']:.2f}, below where it started: the policy has found what the reward model gets "
-            "wrong (reward over-optimisation), drifting far from the SFT model "
-            f"(KL {hack.get('kl/ref', float('nan')):.0f} against {m['ppo'].get('kl/ref', float('nan')):.1f})."
-            if over
-            else f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
-            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model "
-            f"(KL {hack.get('kl/ref', float('nan')):.1f} against {m['ppo'].get('kl/ref', float('nan')):.1f}) "
-            "did not cost gold score within its steps, so the over-optimisation it risks does not show here."
-        )
+        + no_kl
         + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
         f"reach {ceiling:.0%}, since the raters are noisy.",
     ]
@@ -104,6 +125,9 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
     summary.update({f"distinct2/{n}": m[n].get("response/distinct_2") for n in MODELS})
     summary.update({f"names_product/{n}": m[n].get("names_product") for n in MODELS})
     summary.update({f"mentions_product/{n}": m[n].get("mentions_product") for n in MODELS})
+    peak = gold_peak(_metrics(out / "ppo_no_kl"))
+    if peak is not None:
+        summary.update({"gold_peak/ppo_no_kl": peak[1], "gold_peak_step/ppo_no_kl": peak[0]})
     summary.update(
         {
             "rm/eval_accuracy": rm_acc,
@@ -119,7 +143,7 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
     lines = [
         "# rlhfkit demo: customer-support replies",
         "",
-        *headline(m, rm_acc, ceiling),
+        *headline(m, rm_acc, ceiling, peak),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",

@@ -120,3 +120,27 @@ def test_quick_arithmetic_demo_runs_sft_then_grpo_and_reports_accuracy(tmp_path)
     assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
     rows = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert "reward/arithmetic_exact_answer" in rows[-1] and "reward/gold" in rows[-1]
+
+
+def test_headline_names_the_over_optimisation_only_when_it_shows():
+    from rlhfkit.demo.report import gold_peak, headline
+
+    def run(gold, score, kl):
+        return {"reward/gold": gold, "reward/score": score, "kl/ref": kl}
+
+    m = {
+        "sft": run(3.2, 0.5, 0.0),
+        "ppo": run(4.8, 2.5, 2.0),
+        "ppo_no_kl": run(4.0, 3.0, 60.0),
+        "dpo": run(4.5, 2.4, 11),
+    }
+    rows = [{"step": s, "reward/gold": g} for s, g in ((1, 3.2), (10, 4.4), (30, 4.7), (60, 4.2), (100, 4.0))]
+    assert gold_peak(rows) == (30, 4.7) and gold_peak([{"step": 1}]) is None
+    text = " ".join(headline(m, 0.80, 0.82, gold_peak(rows)))
+    assert "ends at 4.00, below PPO's with the penalty" in text and "peaked at 4.70 (step 30)" in text
+    assert "KL 60 against 2.0" in text
+    m["ppo_no_kl"] = run(2.0, 3.0, 60.0)
+    assert "below where it started" in " ".join(headline(m, 0.80, 0.82, None))
+    m["ppo_no_kl"] = run(4.9, 3.0, 12.0)  # gold above PPO's: no over-optimisation to name
+    text = " ".join(headline(m, 0.80, 0.82, gold_peak(rows)))
+    assert "does not show here" in text and "peaked" not in text

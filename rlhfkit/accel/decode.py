@@ -88,24 +88,30 @@ class LeanDecoder:
 
     ``prefill_cache``: the Hugging Face cache after the model's forward on ``[U, P]`` prompts; ``index`` ``[B]``:
     the prefill row each decoded row continues (several rows may share one prompt's prefill); ``capacity``:
-    ``P`` plus the most tokens that will be decoded.
+    ``P`` plus the most tokens that will be decoded. ``compiled``: run the step through ``torch.compile`` with
+    fixed shapes (see ``compiled_step``).
     """
 
-    def __init__(self, model, prefill_cache, index: torch.Tensor, capacity: int):
+    def __init__(self, model, prefill_cache, index: torch.Tensor, capacity: int, compiled: bool = False):
         self.base = base_model(model)
         self.body = _body(self.base)
         self.gpt2 = self.base.config.model_type == "gpt2"
         layers = self.body.h if self.gpt2 else self.body.layers[: self.base.config.num_hidden_layers]
-        self.layers = list(layers)
-        if not self.gpt2:
-            self.rope = sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
-        self.keys, self.values = [], []
+        self.layers = tuple(layers)
+        self.rope = None if self.gpt2 else sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self.length = _prefill_kv(prefill_cache, 0)[0].shape[2]  # columns filled: the prompt's P
+        self.compiled = compiled_step() if compiled else None
+        if self.compiled is not None:
+            capacity = bucket_capacity(capacity)
+            self.mask = torch.zeros(index.shape[0], capacity, dtype=torch.bool, device=index.device)
+            self.column = torch.zeros(1, dtype=torch.long, device=index.device)
+        keys, values = [], []
         for i, layer in enumerate(self.layers):
             k, v = _prefill_kv(prefill_cache, i)  # [U, kv_heads, P, D]
             groups = 1 if self.gpt2 else layer.self_attn.num_key_value_groups
-            self.keys.append(self._buffer(k, index, groups, capacity))
-            self.values.append(self._buffer(v, index, groups, capacity))
+            keys.append(self._buffer(k, index, groups, capacity))
+            values.append(self._buffer(v, index, groups, capacity))
+        self.keys, self.values = tuple(keys), tuple(values)
 
     @staticmethod
     def _buffer(kv: torch.Tensor, index: torch.Tensor, groups: int, capacity: int) -> torch.Tensor:
@@ -114,63 +120,108 @@ class LeanDecoder:
         kv = kv.index_select(0, index)
         if groups > 1:
             kv = kv.repeat_interleave(groups, dim=1)
-        out = kv.new_empty(kv.shape[0], kv.shape[1], capacity, kv.shape[3])
+        out = kv.new_zeros(kv.shape[0], kv.shape[1], capacity, kv.shape[3])
         out[:, :, : kv.shape[2]] = kv
         return out
-
-    def _attend(self, i: int, q, k, v, mask, scale: float) -> torch.Tensor:
-        """Append column ``self.length`` of layer ``i`` and attend over the first ``length + 1`` columns.
-        q, k, v: ``[B, heads, 1, D]``; mask: ``[B, 1, 1, length + 1]`` bool. Returns ``[B, 1, heads * D]``."""
-        end = self.length + 1
-        self.keys[i][:, :, self.length] = k[:, :, 0]
-        self.values[i][:, :, self.length] = v[:, :, 0]
-        out = F.scaled_dot_product_attention(
-            q, self.keys[i][:, :, :end], self.values[i][:, :, :end], attn_mask=mask, scale=scale
-        )  # [B, heads, 1, D]
-        return out.transpose(1, 2).reshape(q.shape[0], 1, -1)
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` after feeding ``ids [B, 1]`` at ``positions [B, 1]``; ``mask [B, length + 1]`` bool,
         True where a row attends (its real prompt tokens and everything decoded)."""
-        if self.length + 1 > self.keys[0].shape[2]:
+        end = self.length + 1
+        if end > self.keys[0].shape[2]:
             raise RuntimeError("LeanDecoder: more steps than the capacity it was built with")
-        mask = mask[:, None, None, :]  # [B, 1, 1, L]
-        hidden = self._gpt2_layers(ids, positions, mask) if self.gpt2 else self._llama_layers(ids, positions, mask)
-        self.length += 1
-        return self.base.lm_head(hidden)[:, -1]
+        parts = (self.body, self.layers, self.base.lm_head, self.rope, self.keys, self.values)
+        if self.compiled is None:
+            logits = _forward(*parts, ids, positions, mask[:, None, None, :], self.length, None)
+        else:
+            # fixed shapes: the whole buffer is attended, its columns not yet written masked out
+            self.mask[:, :end] = mask
+            self.column.fill_(self.length)
+            logits = self.compiled(*parts, ids, positions, self.mask[:, None, None, :], None, self.column)
+        self.length = end
+        return logits
 
-    def _gpt2_layers(self, ids, positions, mask) -> torch.Tensor:
-        body = self.body
+
+def _attend(keys, values, q, k, v, mask, scale: float, length: int | None, column) -> torch.Tensor:
+    """Write this step's ``k``, ``v`` into column ``length`` of a layer's buffers and attend.
+
+    q, k, v: ``[B, heads, 1, D]``. Eager: ``length`` is a number, attention runs over the first ``length + 1``
+    columns, ``mask [B, 1, 1, length + 1]``. Compiled: ``column`` is a one-element tensor (so the graph does not
+    change from step to step), attention runs over every column, ``mask [B, 1, 1, capacity]``.
+    Returns ``[B, 1, heads * D]``."""
+    if column is None:
+        end = length + 1
+        keys[:, :, length] = k[:, :, 0]
+        values[:, :, length] = v[:, :, 0]
+        keys, values = keys[:, :, :end], values[:, :, :end]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)  # [B, heads, 1, D]
+    else:
+        keys.index_copy_(2, column, k)
+        values.index_copy_(2, column, v)
+        # written out rather than sdpa: Inductor fuses it into the step's generated code, where the CPU sdpa
+        # kernel is a separate call that costs more than its arithmetic at one query per row
+        scores = (q @ keys.transpose(-1, -2)) * scale  # [B, heads, 1, capacity]
+        out = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, heads, 1, D]
+    return out.transpose(1, 2).reshape(q.shape[0], 1, -1)
+
+
+def _forward(body, layers, lm_head, rope, keys, values, ids, positions, mask, length, column) -> torch.Tensor:
+    """One decode step's math: logits ``[B, V]`` (``rope`` None: GPT-2, else Llama / Qwen2)."""
+    batch = ids.shape[0]
+    if rope is None:
         x = body.wte(ids) + body.wpe(positions)  # [B, 1, H]
-        batch = ids.shape[0]
-        for i, block in enumerate(self.layers):
+        for i, block in enumerate(layers):
             attn = block.attn
             q, k, v = attn.c_attn(block.ln_1(x)).split(attn.split_size, dim=2)
             q, k, v = (t.view(batch, 1, attn.num_heads, attn.head_dim).transpose(1, 2) for t in (q, k, v))
-            x = attn.c_proj(self._attend(i, q, k, v, mask, attn.scaling)) + x
+            out = _attend(keys[i], values[i], q, k, v, mask, attn.scaling, length, column)
+            x = attn.c_proj(out) + x
             x = x + block.mlp(block.ln_2(x))
-        return body.ln_f(x)
-
-    def _llama_layers(self, ids, positions, mask) -> torch.Tensor:
-        body = self.body
+        x = body.ln_f(x)
+    else:
         x = body.embed_tokens(ids)  # [B, 1, H]
         cos, sin = body.rotary_emb(x, positions)
-        batch = ids.shape[0]
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             k = attn.k_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             v = attn.v_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
-            q, k = self.rope(q, k, cos, sin)
+            q, k = rope(q, k, cos, sin)
             if attn.num_key_value_groups > 1:
                 k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
                 v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
-            x = x + attn.o_proj(self._attend(i, q, k, v, mask, attn.scaling))
+            x = x + attn.o_proj(_attend(keys[i], values[i], q, k, v, mask, attn.scaling, length, column))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return body.norm(x)
+        x = body.norm(x)
+    return lm_head(x)[:, -1]
 
 
-def lean_decoder(model, prefill_cache, index: torch.Tensor, capacity: int) -> LeanDecoder | None:
+# ---- the compiled step -----------------------------------------------------------------------------------------
+# A small model's decode step on CPU is a few dozen tiny kernels, each costing more in dispatch than in
+# arithmetic. ``torch.compile`` (Inductor) fuses the elementwise work between the matmuls into a few generated
+# loops. It compiles for fixed shapes, so the compiled step attends over the whole key / value buffer (unwritten
+# columns masked out) and takes the column to write as a tensor; the buffer's capacity is rounded up to a
+# multiple of CAPACITY_STEP so that batches of different prompt widths share one compiled graph. Compiling takes
+# tens of seconds once per process and shape (Inductor caches the result on disk for later runs); it pays off
+# over many decode steps of a small model and not for a large one, whose step is its matmuls.
+CAPACITY_STEP = 64
+_COMPILED: dict[str, object] = {}
+
+
+def bucket_capacity(capacity: int) -> int:
+    return -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def compiled_step():
+    """``_forward`` through ``torch.compile`` (built once per process)."""
+    if "step" not in _COMPILED:
+        _COMPILED["step"] = torch.compile(_forward, dynamic=False)
+    return _COMPILED["step"]
+
+
+def lean_decoder(
+    model, prefill_cache, index: torch.Tensor, capacity: int, compiled: bool = False
+) -> LeanDecoder | None:
     """A ``LeanDecoder`` continuing ``prefill_cache`` when ``model`` is one it covers, else None."""
-    return LeanDecoder(model, prefill_cache, index, capacity) if _supported(model) else None
+    return LeanDecoder(model, prefill_cache, index, capacity, compiled) if _supported(model) else None

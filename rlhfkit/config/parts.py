@@ -110,3 +110,7 @@ class GenerationArgs:
     """Sample among the k most likely tokens; 0 disables."""
     top_p: float = 1.0
     """Nucleus sampling: smallest set of tokens with this total probability; 1.0 disables."""
+    compile_decode: bool = False
+    """Compile the one-token decode step with torch.compile (GPT-2, Llama, Qwen2): tens of seconds to compile once
+per process, then faster sampling where the step is dispatch-bound (small models on CPU); no gain for a model
+whose step is its matmuls. Samples match the eager step's up to float rounding."""

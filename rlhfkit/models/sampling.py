@@ -158,7 +158,7 @@ def _decode(
     mask[:, :prompt_len] = attention_mask[rows] if shared else attention_mask
     positions = positions[rows, -1:] if shared else positions[:, -1:]  # [B, 1], the last prompt token's
     logits = logits[rows] if shared else logits
-    lean = lean_decoder(model, cache, rows, prompt_len + g.max_new_tokens)
+    lean = lean_decoder(model, cache, rows, prompt_len + g.max_new_tokens, getattr(g, "compile_decode", False))
     if lean is not None:
         mask = mask.bool()
     elif shared:

@@ -147,3 +147,46 @@ def test_lean_loop_stops_once_every_row_has_stopped(gpt2, tok, monkeypatch):
             assert len({len(r) for r in got}) > 1  # rows stopped at different steps
     finally:
         likely_eos.remove()
+
+
+def decode_steps(model, tok, prompts, steps: int, compiled: bool) -> list[torch.Tensor]:
+    """The logits ``[B, V]`` of ``steps`` lean decode steps after a shared prefill, fed fixed tokens."""
+    from transformers import DynamicCache
+
+    from rlhfkit.data.collate import pad_with_mask
+
+    distinct, rows = distinct_prompts(prompts)
+    ids, mask = pad_with_mask(distinct, tok.pad_token_id, "left")
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        cache = model(ids, attention_mask=mask, position_ids=positions, past_key_values=DynamicCache()).past_key_values
+        rows = torch.tensor(rows)
+        decoder = lean.LeanDecoder(model, cache, rows, ids.shape[1] + steps, compiled=compiled)
+        seen = torch.cat([mask[rows], torch.ones(len(rows), steps, dtype=mask.dtype)], 1).bool()
+        position = positions[rows, -1:]
+        tokens = torch.Generator().manual_seed(1)
+        out = []
+        for t in range(steps):
+            position = position + 1
+            token = torch.randint(len(tok), (len(rows), 1), generator=tokens)
+            out.append(decoder.step(token, position, seen[:, : ids.shape[1] + t + 1]))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_compiled_step_gives_the_eager_steps_logits_and_compiles_once(arch, tok):
+    from torch._dynamo.utils import counters
+
+    model = random_model(arch, tok)
+    prompts = grpo_batch(tok, group=3)
+    for t_eager, t_compiled in zip(
+        decode_steps(model, tok, prompts, 6, False), decode_steps(model, tok, prompts, 6, True)
+    ):
+        torch.testing.assert_close(t_compiled, t_eager, rtol=0, atol=1e-5)
+    graphs = counters["stats"]["unique_graphs"]
+    shorter = [p[: len(p) - 2] or p for p in prompts]  # another prompt width, the same capacity bucket
+    for t_eager, t_compiled in zip(
+        decode_steps(model, tok, shorter, 6, False), decode_steps(model, tok, shorter, 6, True)
+    ):
+        torch.testing.assert_close(t_compiled, t_eager, rtol=0, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs  # no recompilation from step to step or batch to batch

@@ -82,8 +82,12 @@ FRAMEWORKS = ("rlhfkit", "trl")
 
 
 # ---- runs --------------------------------------------------------------------------------------
-def rlhfkit_grpo_flags(models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, s: dict) -> list[str]:
+def rlhfkit_grpo_flags(
+    models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, s: dict, compile_decode: bool = False
+) -> list[str]:
     return [
+        "--compile-decode",
+        str(compile_decode).lower(),
         "--model",
         models["sft"],
         "--reward-fn",
@@ -189,13 +193,12 @@ def reward_gain(rewards: list[float], k: int) -> float | None:
     return statistics.mean(rewards[-k:]) - statistics.mean(rewards[:k])
 
 
-def run_rlhfkit(models, data, out: Path, steps, lr, seed, env) -> dict:
+def run_rlhfkit(models, data, out: Path, steps, lr, seed, env, compile_decode: bool = False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
     cmd = [PYTHON, str(BENCH / "rlhfkit_runner.py"), str(result_file), "grpo", "--"]
-    m, others = measured(
-        cmd + rlhfkit_grpo_flags(models, data, out, steps, lr, seed, SETTINGS), out.parent / f"{out.name}.log", env
-    )
+    flags = rlhfkit_grpo_flags(models, data, out, steps, lr, seed, SETTINGS, compile_decode)
+    m, others = measured(cmd + flags, out.parent / f"{out.name}.log", env)
     check(m, f"rlhfkit grpo ({out})")
     result = json.loads(result_file.read_text())
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -379,6 +382,8 @@ def print_table(results: dict) -> None:
             f"lr {res['learning_rate']:g}",
             f"held-out reward of the SFT policy {res['before']:.2f}",
         ]
+        if size in {x.strip() for x in results["args"].get("compile_decode", "").split(",")}:
+            notes.append("rlhfkit sampled with --compile-decode")
         if "speed_ratio_trl_over_rlhfkit" in s:
             r = s["speed_ratio_trl_over_rlhfkit"]
             notes.append(
@@ -462,6 +467,12 @@ def main(argv: list[str] | None = None) -> None:
         "--max-load", type=float, default=0.7, help="start a run only when fewer cores than this are busy (over 5 s)"
     )
     ap.add_argument("--max-wait", type=float, default=900, help="seconds to wait for that before running anyway")
+    ap.add_argument(
+        "--compile-decode",
+        default="tiny",
+        help="comma-separated sizes whose rlhfkit runs sample with --compile-decode true ('' for none); the "
+        "compile happens in the first step, which the timings leave out",
+    )
     ap.add_argument("--skip-trl", action="store_true", help="rlhfkit rows only (no TRL environment needed)")
     ap.add_argument("--out", default=str(BENCH / "results" / "grpo_vs_trl.json"), help="JSON file with every number")
     ap.add_argument(
@@ -503,6 +514,7 @@ def main(argv: list[str] | None = None) -> None:
     if warning:
         log(warning)
 
+    compiled = {x.strip() for x in args.compile_decode.split(",") if x.strip()}
     for size in sizes:
         models = build_models(size, work, data, log)
         lr = args.learning_rate or DEFAULT_LR[size]
@@ -520,9 +532,12 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(n_seeds):
             seed = args.seed + k
             for name in res["runs"]:
-                job = run_rlhfkit if name == "rlhfkit" else run_trl
                 gate = machine_quiet(args.max_load, args.max_wait, log)
-                r = job(models, data, runs_dir / f"{name}-s{seed}", args.steps, lr, seed, env)
+                out = runs_dir / f"{name}-s{seed}"
+                if name == "rlhfkit":
+                    r = run_rlhfkit(models, data, out, args.steps, lr, seed, env, size in compiled)
+                else:
+                    r = run_trl(models, data, out, args.steps, lr, seed, env)
                 r.update(step_stats(r))
                 r.update(
                     seed=seed,

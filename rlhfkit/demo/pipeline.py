@@ -4,19 +4,23 @@
 
 Every stage runs the same code as its CLI command (configs built from flags, so each stage's
 ``config.yaml`` can be replayed with ``rlhfkit COMMAND --config``). The gold judge of the task is used
-only to evaluate, never to train.
+only to evaluate, never to train. With a core to spare, the beta = 0 stage runs in a child process beside
+PPO and DPO (it needs only the SFT and reward models).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 
 from rlhfkit.config.commands import DemoConfig
+from rlhfkit.errors import UserError
 
 console = Console(stderr=True)
 
@@ -65,12 +69,56 @@ def _run(command: str, argv: str):
     return run_command(command, argv.split())
 
 
+class Background:
+    """A stage running as ``rlhfkit COMMAND ...`` in a child process, its output in ``log``."""
+
+    def __init__(self, name: str, command: str, argv: str, log: Path, threads: int):
+        self.name, self.log = name, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        with open(log, "w") as f:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rlhfkit.cli.main", command, *argv.split()],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        self.start = time.perf_counter()
+        self.seconds: float | None = None
+
+    def poll(self) -> bool:
+        """Whether it has ended (its wall time then in ``seconds``)."""
+        if self.seconds is None and self.process.poll() is not None:
+            self.seconds = time.perf_counter() - self.start
+        return self.seconds is not None
+
+
 class Stages:
     """Runs the stages in order, printing which one is running and how long each took. ``load`` keeps the
-    machine's 1-minute load average at the end of each stage: other work on the machine stretches the times."""
+    machine's 1-minute load average at the end of each stage: other work on the machine stretches the times.
+    A stage can also run beside the others in a child process (``start`` ... ``wait``)."""
 
     def __init__(self, total: int):
         self.total, self.done, self.seconds, self.load = total, 0, {}, {}
+        self.beside: dict[str, str] = {}  # stage -> the stages it ran beside
+
+    def start(self, name: str, command: str, argv: str, log: Path, threads: int) -> Background:
+        self.done += 1
+        console.rule(f"[bold]demo {self.done}/{self.total}: {name} (started beside the next stages; log: {log})")
+        return Background(name, command, argv, log, threads)
+
+    def wait(self, job: Background) -> None:
+        """Wait for a stage started with ``start``; a failed one stops the demo with the end of its log."""
+        if not job.poll():
+            console.print(f"waiting for {job.name} ...")
+            job.process.wait()
+            job.poll()
+        if job.process.returncode != 0:
+            tail = "\n".join(job.log.read_text(errors="replace").splitlines()[-15:])
+            raise UserError(f"demo: {job.name} failed (exit {job.process.returncode}); end of {job.log}:\n{tail}")
+        self.seconds[job.name] = job.seconds
+        self.load[job.name] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        console.print(f"[green]done[/green] {job.name} in {job.seconds:.0f}s")
 
     def run(self, name: str, fn):
         self.done += 1
@@ -142,23 +190,36 @@ def run(cfg: DemoConfig) -> dict:
         f"--model {out}/sft --reward-model {out}/rm --value-model {out}/rm --data {data['prompts_train']} "
         f"--eval-data {data['prompts_eval']} --gold-judge support {settings['ppo']} {common}"
     )
-    stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
-    stages.run(
-        "PPO without KL (beta = 0)",
-        lambda: _run(
-            "ppo",
-            f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true "
-            f"--max-steps {NO_KL_STEPS['quick' if cfg.quick else 'full']}",
-        ),
+    no_kl_name = "PPO without KL (beta = 0)"
+    no_kl = (
+        f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true "
+        f"--max-steps {NO_KL_STEPS['quick' if cfg.quick else 'full']}"
     )
-    stages.run(
-        "DPO",
-        lambda: _run(
-            "dpo",
-            f"--model {out}/sft --data {data['prefs_train']} --eval-data {data['prefs_eval']} "
-            f"--output-dir {out}/dpo {settings['dpo']} {common}",
-        ),
-    )
+    # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
+    # (each stage on cfg.threads threads; a seed gives the same numbers either way).
+    job = None
+    if 2 * cfg.threads <= (os.cpu_count() or 1):
+        no_kl = no_kl.replace("--progress true", "--progress false")
+        job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)
+        stages.beside[no_kl_name] = "PPO (KL penalty on), DPO"
+    try:
+        stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
+        if job is None:
+            stages.run(no_kl_name, lambda: _run("ppo", no_kl))
+        stages.run(
+            "DPO",
+            lambda: _run(
+                "dpo",
+                f"--model {out}/sft --data {data['prefs_train']} --eval-data {data['prefs_eval']} "
+                f"--output-dir {out}/dpo {settings['dpo']} {common}",
+            ),
+        )
+    except BaseException:
+        if job is not None:
+            job.process.kill()
+        raise
+    if job is not None:
+        stages.wait(job)
 
     def evaluate_all():
         from rlhfkit.data.schema import load_examples

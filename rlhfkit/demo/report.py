@@ -202,7 +202,11 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
         "| stage | seconds | load average |",
         "|---|---|---|",
     ]
-    lines += [f"| {k} | {v:.0f} | {stages.load.get(k, float('nan')):.1f} |" for k, v in stage_seconds.items()]
+    beside = getattr(stages, "beside", {})
+    lines += [
+        f"| {k}{f' (beside {beside[k]})' if k in beside else ''} | {v:.0f} | {stages.load.get(k, float('nan')):.1f} |"
+        for k, v in stage_seconds.items()
+    ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     summary["plots"] = plots
     return summary

@@ -144,3 +144,15 @@ def test_headline_names_the_over_optimisation_only_when_it_shows():
     m["ppo_no_kl"] = run(4.9, 3.0, 12.0)  # gold above PPO's: no over-optimisation to name
     text = " ".join(headline(m, 0.80, 0.82, gold_peak(rows)))
     assert "does not show here" in text and "peaked" not in text
+
+
+def test_a_stage_beside_the_others_reports_its_failure_with_its_log(tmp_path):
+    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.errors import UserError
+
+    stages = Stages(total=1)
+    job = stages.start("broken stage", "ppo", f"--model {tmp_path}/missing --data x.jsonl", tmp_path / "b.log", 1)
+    with pytest.raises(UserError, match="broken stage failed") as err:
+        stages.wait(job)
+    assert "missing" in str(err.value) and (tmp_path / "b.log").exists()
+    assert "broken stage" not in stages.seconds

@@ -154,5 +154,5 @@ def test_a_stage_beside_the_others_reports_its_failure_with_its_log(tmp_path):
     job = stages.start("broken stage", "ppo", f"--model {tmp_path}/missing --data x.jsonl", tmp_path / "b.log", 1)
     with pytest.raises(UserError, match="broken stage failed") as err:
         stages.wait(job)
-    assert "missing" in str(err.value) and (tmp_path / "b.log").exists()
+    assert "--output-dir is required" in str(err.value) and (tmp_path / "b.log").exists()
     assert "broken stage" not in stages.seconds

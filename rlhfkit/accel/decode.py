@@ -120,6 +120,7 @@ class LeanDecoder:
         kv = kv.index_select(0, index)
         if groups > 1:
             kv = kv.repeat_interleave(groups, dim=1)
+        # zeros, not empty: the compiled step multiplies every column, the masked ones by a weight of 0
         out = kv.new_zeros(kv.shape[0], kv.shape[1], capacity, kv.shape[3])
         out[:, :, : kv.shape[2]] = kv
         return out

@@ -359,6 +359,11 @@ def summarise(res: dict) -> dict:
     return out
 
 
+def compiled_sizes(arg: str) -> set[str]:
+    """The sizes named by --compile-decode (comma-separated; '' for none)."""
+    return {x.strip() for x in arg.split(",") if x.strip()}
+
+
 def print_table(results: dict) -> None:
     k = results["args"]["gain_window"]
     header = (
@@ -382,7 +387,7 @@ def print_table(results: dict) -> None:
             f"lr {res['learning_rate']:g}",
             f"held-out reward of the SFT policy {res['before']:.2f}",
         ]
-        if size in {x.strip() for x in results["args"].get("compile_decode", "").split(",")}:
+        if size in compiled_sizes(results["args"].get("compile_decode", "")):
             notes.append("rlhfkit sampled with --compile-decode")
         if "speed_ratio_trl_over_rlhfkit" in s:
             r = s["speed_ratio_trl_over_rlhfkit"]
@@ -514,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     if warning:
         log(warning)
 
-    compiled = {x.strip() for x in args.compile_decode.split(",") if x.strip()}
+    compiled = compiled_sizes(args.compile_decode)
     for size in sizes:
         models = build_models(size, work, data, log)
         lr = args.learning_rate or DEFAULT_LR[size]

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -70,12 +71,16 @@ def _run(command: str, argv: str):
 
 
 class Background:
-    """A stage running as ``rlhfkit COMMAND ...`` in a child process, its output in ``log``."""
+    """A stage running as ``rlhfkit COMMAND ...`` in a child process, its output in ``log``. A watcher thread
+    notes its wall time the moment it exits (``seconds``), and ``beside`` collects the stages run meanwhile."""
 
     def __init__(self, name: str, command: str, argv: str, log: Path, threads: int):
         self.name, self.log = name, log
+        self.beside: list[str] = []
+        self.seconds: float | None = None
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        start = time.perf_counter()
         with open(log, "w") as f:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rlhfkit.cli.main", command, *argv.split()],
@@ -83,45 +88,50 @@ class Background:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        self.start = time.perf_counter()
-        self.seconds: float | None = None
+        self.watcher = threading.Thread(target=self._watch, args=(start,), daemon=True)
+        self.watcher.start()
 
-    def poll(self) -> bool:
-        """Whether it has ended (its wall time then in ``seconds``)."""
-        if self.seconds is None and self.process.poll() is not None:
-            self.seconds = time.perf_counter() - self.start
-        return self.seconds is not None
+    def _watch(self, start: float) -> None:
+        self.process.wait()
+        self.seconds = time.perf_counter() - start
 
 
 class Stages:
     """Runs the stages in order, printing which one is running and how long each took. ``load`` keeps the
     machine's 1-minute load average at the end of each stage: other work on the machine stretches the times.
-    A stage can also run beside the others in a child process (``start`` ... ``wait``)."""
+    A stage can also run beside the others in a child process (``start`` ... ``wait``); ``beside`` then names
+    the stages that ran meanwhile."""
 
     def __init__(self, total: int):
         self.total, self.done, self.seconds, self.load = total, 0, {}, {}
-        self.beside: dict[str, str] = {}  # stage -> the stages it ran beside
+        self.beside: dict[str, str] = {}
+        self.pending: list[Background] = []
 
     def start(self, name: str, command: str, argv: str, log: Path, threads: int) -> Background:
         self.done += 1
         console.rule(f"[bold]demo {self.done}/{self.total}: {name} (started beside the next stages; log: {log})")
-        return Background(name, command, argv, log, threads)
+        job = Background(name, command, argv, log, threads)
+        self.pending.append(job)
+        return job
 
     def wait(self, job: Background) -> None:
         """Wait for a stage started with ``start``; a failed one stops the demo with the end of its log."""
-        if not job.poll():
+        if job.watcher.is_alive():
             console.print(f"waiting for {job.name} ...")
-            job.process.wait()
-            job.poll()
+        job.watcher.join()
+        self.pending.remove(job)
         if job.process.returncode != 0:
             tail = "\n".join(job.log.read_text(errors="replace").splitlines()[-15:])
             raise UserError(f"demo: {job.name} failed (exit {job.process.returncode}); end of {job.log}:\n{tail}")
         self.seconds[job.name] = job.seconds
+        self.beside[job.name] = ", ".join(job.beside)
         self.load[job.name] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         console.print(f"[green]done[/green] {job.name} in {job.seconds:.0f}s")
 
     def run(self, name: str, fn):
         self.done += 1
+        for job in self.pending:
+            job.beside.append(name)
         console.rule(f"[bold]demo {self.done}/{self.total}: {name}")
         start = time.perf_counter()
         result = fn()
@@ -201,7 +211,6 @@ def run(cfg: DemoConfig) -> dict:
     if 2 * cfg.threads <= (os.cpu_count() or 1):
         no_kl = no_kl.replace("--progress true", "--progress false")
         job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)
-        stages.beside[no_kl_name] = "PPO (KL penalty on), DPO"
     try:
         stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
         if job is None:

@@ -156,3 +156,17 @@ def test_a_stage_beside_the_others_reports_its_failure_with_its_log(tmp_path):
         stages.wait(job)
     assert "--output-dir is required" in str(err.value) and (tmp_path / "b.log").exists()
     assert "broken stage" not in stages.seconds
+
+
+def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path):
+    import time
+
+    from rlhfkit.demo.pipeline import Stages
+
+    stages = Stages(total=2)
+    start = time.perf_counter()
+    job = stages.start("help", "ppo", "--help", tmp_path / "h.log", 1)
+    stages.run("meanwhile", lambda: (job.watcher.join(), time.sleep(1.5)))
+    stages.wait(job)
+    assert stages.beside == {"help": "meanwhile"} and "--output-dir" in (tmp_path / "h.log").read_text()
+    assert stages.seconds["help"] <= time.perf_counter() - start - 1.5  # not the time until wait was called

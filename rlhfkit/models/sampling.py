@@ -97,6 +97,18 @@ def _forward_accepts(model, name: str) -> bool:
     return name in inspect.signature(base_model(model).forward).parameters
 
 
+def cache_keyword(model) -> str:
+    """The name the model's forward takes its key / value cache by: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (5.24 still reads the old name, with a deprecation warning)."""
+    return "cache" if _forward_accepts(model, "cache") else "past_key_values"
+
+
+def output_cache(out):
+    """The key / value cache of a model output (``cache`` from transformers 5.24 on, else ``past_key_values``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def distinct_prompts(prompts_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """The distinct prompts of a batch in first-seen order, and for each row the index of its prompt among them.
 
@@ -141,16 +153,17 @@ def _decode(
         return input_ids.new_empty(batch, 0)
     shared = input_ids.shape[0] < batch
     keep_last = {"logits_to_keep": 1} if _forward_accepts(model, "logits_to_keep") else {}
+    cache_arg = cache_keyword(model)
     positions = (attention_mask.cumsum(1) - 1).clamp(min=0)  # [U, P]; padding -> 0
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=positions,
-        past_key_values=DynamicCache(config=base_model(model).config),
         use_cache=True,
+        **{cache_arg: DynamicCache(config=base_model(model).config)},
         **keep_last,
     )
-    cache, logits = out.past_key_values, out.logits[:, -1]  # logits [U, V]
+    cache, logits = output_cache(out), out.logits[:, -1]  # logits [U, V]
     # The mask of every step is a view of this one: prompt columns, then a column per sampled token. Finished
     # rows go on being fed (their tokens are cut off later); their columns of ones are fine, as no kept token
     # ever attends to a token sampled after its row's stop.
@@ -183,11 +196,11 @@ def _decode(
                 input_ids=token[:, None],
                 attention_mask=seen,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=True,
+                **{cache_arg: cache},
                 **keep_last,
             )
-            cache, logits = out.past_key_values, out.logits[:, -1]
+            cache, logits = output_cache(out), out.logits[:, -1]
     return torch.stack(tokens, dim=1)
 
 
@@ -228,7 +241,7 @@ def _generate(model, input_ids, attention_mask, rows, generation_args, stops: li
 def _loop_supported(model) -> bool:
     """Whether ``_decode`` can drive the model: a decoder-only forward with a KV cache and position ids."""
     return not base_model(model).config.is_encoder_decoder and all(
-        _forward_accepts(model, name) for name in ("past_key_values", "position_ids", "attention_mask")
+        _forward_accepts(model, name) for name in (cache_keyword(model), "position_ids", "attention_mask")
     )
 
 

@@ -12,7 +12,7 @@ from rlhfkit.config.parts import GenerationArgs, LoraArgs
 from rlhfkit.models import sampling
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora
-from rlhfkit.models.sampling import distinct_prompts, sample_responses
+from rlhfkit.models.sampling import cache_keyword, distinct_prompts, output_cache, sample_responses
 
 from .test_architectures import make_config
 
@@ -106,6 +106,14 @@ def random_model(arch: str, tok):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_own_decode_loop_drives_decoder_only_models(arch, tok):
+    """Not ``generate``'s fallback: the cache argument is found under the installed transformers' name."""
+    model = random_model(arch, tok)
+    assert sampling._loop_supported(model)
+    assert cache_keyword(model) in ("cache", "past_key_values")
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
 def test_lean_step_samples_what_the_models_forward_samples(arch, tok, monkeypatch):
     model = random_model(arch, tok)
     assert lean._supported(model)
@@ -159,7 +167,7 @@ def decode_steps(model, tok, prompts, steps: int, compiled: bool) -> list[torch.
     ids, mask = pad_with_mask(distinct, tok.pad_token_id, "left")
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
-        cache = model(ids, attention_mask=mask, position_ids=positions, past_key_values=DynamicCache()).past_key_values
+        cache = output_cache(model(ids, attention_mask=mask, position_ids=positions, **{cache_keyword(model): DynamicCache()}))
         rows = torch.tensor(rows)
         decoder = lean.LeanDecoder(model, cache, rows, ids.shape[1] + steps, compiled=compiled)
         seen = torch.cat([mask[rows], torch.ones(len(rows), steps, dtype=mask.dtype)], 1).bool()

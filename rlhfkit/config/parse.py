@@ -161,13 +161,27 @@ def load_yaml(path: str) -> dict:
         raise UserError(f"{path}: config file does not exist")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: {_yaml_problem(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: a config file must be a mapping of option: value")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error: where the parser found the problem (1-based line and column, as an
+    editor counts them) and what the problem is. PyYAML's own message spreads this over several lines, and
+    its first line ("while parsing a flow sequence") names neither the place nor the problem."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc).splitlines()[0]
+    problem = " ".join(str(problem).split())
+    if mark is None:
+        return f"not valid YAML ({problem})"
+    return f"line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({problem})"
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):

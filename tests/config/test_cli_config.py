@@ -79,7 +79,6 @@ def test_unknown_yaml_key_is_rejected(tmp_path):
         ("lr_scheduler: step\n", r"option 'lr_scheduler' must be one of linear, cosine, constant"),
         ("resume: maybe\n", r"option 'resume' must be true or false"),
         ("- a\n- b\n", r"a config file must be a mapping"),
-        ("learning_rate: [1\n", r"not valid YAML"),
     ],
 )
 def test_invalid_yaml_values_are_rejected(tmp_path, yaml_text, message):
@@ -87,6 +86,24 @@ def test_invalid_yaml_values_are_rejected(tmp_path, yaml_text, message):
     cfg_file.write_text(yaml_text, encoding="utf-8")
     with pytest.raises(UserError, match=message):
         parse(REQUIRED + ["--config", str(cfg_file)])
+
+
+@pytest.mark.parametrize(
+    "yaml_text,where",
+    [
+        ("learning_rate: 1e-5\nmax_steps: [1, 2\nbatch_size: 4\n", "line 3, column 11"),  # unclosed list
+        ("learning_rate: 1e-5\nseed: 1\n  batch_size: 2\n", "line 3, column 13"),  # stray indentation
+        ('seed: 1\noutput_dir: "open\n', "line 3, column 1"),  # unclosed quote, found at the end of the file
+        ("seed: 1\n\tbatch_size: 2\n", "line 2, column 1"),  # a tab
+    ],
+)
+def test_yaml_syntax_error_names_its_line(capsys, tmp_path, yaml_text, where):
+    cfg_file = tmp_path / "bad.yaml"
+    cfg_file.write_text(yaml_text, encoding="utf-8")
+    code, _, err = run_cli(capsys, "sft", "--config", str(cfg_file), *REQUIRED)
+    assert code == 1 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {cfg_file}: {where}: not valid YAML ("), lines
 
 
 def test_yaml_no_is_read_as_the_choice_no(tmp_path):

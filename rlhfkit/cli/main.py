@@ -86,8 +86,25 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: rlhfkit COMMAND [--config FILE.yaml] [--option value ...]", "", "commands:"]
     lines += [f"  {name:<{width}}  {cmd.summary}" for name, cmd in COMMANDS.items()]
-    lines += ["", "`rlhfkit COMMAND --help` lists every option with its default."]
+    lines += ["", "`rlhfkit COMMAND --help` lists every option with its default; `rlhfkit --version` the versions."]
     return "\n".join(lines)
+
+
+def version() -> str:
+    """rlhfkit's version and those of the libraries it runs on (read from the installed packages' metadata,
+    so nothing heavy is imported)."""
+    from importlib import metadata
+
+    from rlhfkit import __version__
+
+    found = []
+    for name in ("torch", "transformers", "accelerate", "peft", "datasets", "tokenizers"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"rlhfkit {__version__} (Python {python}; {', '.join(found)})"
 
 
 def execute(name: str, config):
@@ -114,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] in ("--version", "-V", "version"):
+        print(version())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"rlhfkit: unknown command '{name}' (commands: {', '.join(COMMANDS)})", file=sys.stderr)

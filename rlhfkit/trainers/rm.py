@@ -130,7 +130,11 @@ def train(cfg: RMConfig) -> dict:
         if cfg.run.resume and (members[-1] / STATS_FILE).is_file():
             continue  # this member finished before the interruption
         train_one(member_cfg, train_examples, eval_examples)
-    return write_ensemble(cfg, members, train_examples, eval_examples) if PartialState().is_main_process else {}
+    if not PartialState().is_main_process:
+        return {}
+    metrics = write_ensemble(cfg, members, train_examples, eval_examples)
+    print(f"reward-model ensemble ({len(members)} members) saved to {out.resolve()}", flush=True)
+    return metrics
 
 
 def _member_config(cfg: RMConfig, i: int) -> RMConfig:

@@ -16,7 +16,7 @@ import torch
 
 from rlhfkit.config.parse import save_config
 from rlhfkit.config.parts import OptimArgs, RunArgs
-from rlhfkit.errors import Preempted, UserError
+from rlhfkit.errors import Preempted, UserError, option
 from rlhfkit.models.lora import save_pretrained
 from rlhfkit.training import engines, updates
 from rlhfkit.training.checkpoint import SHARDS, Checkpointer, rng_state, set_rng_state
@@ -92,7 +92,7 @@ class Session:
         self.close()
         raise Preempted(
             f"stopped by {self.stop.name()} after step {step} of {self.total_steps}; checkpoint written to "
-            f"{self.checkpointer.root / f'step-{step}'}; run the same command with --resume to continue",
+            f"{self.checkpointer.root / f'step-{step}'}; run the same command with {option('resume', True)} to continue",
             self.stop.signum or signal.SIGTERM,
         )
 
@@ -130,9 +130,9 @@ class Session:
 
     def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
         """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
-        the main process once every process is done; then close the logger. Under a sharding engine the
-        full weights are gathered first (every process takes part); ``prefix`` then selects the saved
-        model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
+        the main process once every process is done, with one line saying where; then close the logger.
+        Under a sharding engine the full weights are gathered first (every process takes part); ``prefix``
+        then selects the saved model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
         self.accelerator.wait_for_everyone()
         # under a sharding engine every process takes part in gathering; the main one writes
         full = engines.full_state_dict(self.accelerator, model) if engines.sharded(self.accelerator) else None
@@ -142,6 +142,7 @@ class Session:
                 target = getattr(target, part)
             weights = None if full is None else {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
             save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
+            print(f"model saved to {self.output_dir.resolve()}", flush=True)
         self.accelerator.wait_for_everyone()
         if close:
             self.close()
@@ -184,11 +185,11 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
     """Seed, create the output dir, write ``config.yaml``, and find the resume point if ``--resume``."""
     out = Path(run.output_dir)
     if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: --output-dir exists and is not a directory")
+        raise UserError(f"{out}: {option('output_dir')} exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"{out}: cannot create --output-dir ({exc.strerror})") from None
+        raise UserError(f"{out}: cannot create {option('output_dir')} ({exc.strerror})") from None
     accelerator = make_accelerator(run)
     ranks = ranks_of(accelerator)
     seed_everything(run.seed + ranks.rank)  # each process samples differently; rank 0 as a single process
@@ -197,6 +198,8 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
     if run.resume:
         path = checkpointer.resume_point(ranks.world)
         start = int(path.name.split("-")[1])
+        if ranks.is_main:
+            print_error(f"resuming from {path.resolve()} (step {start} of {total_steps})")
     if ranks.is_main:
         save_config(config, out)
     logger = MetricsLogger(out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc)

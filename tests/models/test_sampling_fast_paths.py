@@ -167,7 +167,9 @@ def decode_steps(model, tok, prompts, steps: int, compiled: bool) -> list[torch.
     ids, mask = pad_with_mask(distinct, tok.pad_token_id, "left")
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
-        cache = output_cache(model(ids, attention_mask=mask, position_ids=positions, **{cache_keyword(model): DynamicCache()}))
+        cache = output_cache(
+            model(ids, attention_mask=mask, position_ids=positions, **{cache_keyword(model): DynamicCache()})
+        )
         rows = torch.tensor(rows)
         decoder = lean.LeanDecoder(model, cache, rows, ids.shape[1] + steps, compiled=compiled)
         seen = torch.cat([mask[rows], torch.ones(len(rows), steps, dtype=mask.dtype)], 1).bool()

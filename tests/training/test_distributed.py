@@ -152,8 +152,11 @@ def test_sigterm_checkpoints_the_step_and_resume_ends_as_an_uninterrupted_run(ti
     step = int(message.split("after step ")[1].split()[0])
     assert 3 <= step < 40 and (out / "checkpoints" / f"step-{step}" / "meta.json").is_file()
 
-    code, _, err = run_cli(capsys, *args, "--resume")
+    code, printed, err = run_cli(capsys, *args, "--resume")
     assert code == 0, err
+    checkpoint = (out / "checkpoints" / f"step-{step}").resolve()
+    assert f"resuming from {checkpoint} (step {step} of 40)" in err.splitlines()
+    assert printed.strip().splitlines()[-1] == f"model saved to {out.resolve()}"
     whole, resumed = metrics(tmp_path / "whole"), metrics(out)
     assert [r["step"] for r in resumed] == list(range(1, 41))
     for a, b in zip(whole, resumed):

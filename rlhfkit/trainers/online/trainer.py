@@ -27,7 +27,7 @@ import torch
 from rlhfkit import ops
 from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
 from rlhfkit.config.online import CRITIC_ESTIMATORS, GROUP_ESTIMATORS, OnlineConfig
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.lora import adapters_off
 from rlhfkit.trainers.online.policy import ActorCritic
@@ -360,6 +360,8 @@ class OnlineTrainer:
         """Steps 1-8 on one batch of prompts (repeated G times); returns the step's metrics (with the rollout
         under ``"_rollout"``), or {} when a non-finite reward or loss made the step skip its update."""
         step_start = time.perf_counter()
+        # the rate this step's first update uses (as the other trainers log it: the rate of the step, not the next)
+        learning_rate = self.scheduler.get_last_lr()[0]
         rollout, everyone, first_pass, metrics = self.make_rollout(batch)
         if not torch.isfinite(everyone.rewards).all() or not torch.isfinite(everyone.advantages).all():
             return self._skip("reward")
@@ -376,7 +378,7 @@ class OnlineTrainer:
         metrics = {**rollout_metrics(everyone, self.kl_ctl.value), **metrics}
         if self.has_reference:
             self.kl_ctl.update(metrics["kl/ref"], n_steps=everyone.scores.shape[0])
-        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics["learning_rate"] = learning_rate
         metrics["time/step_s"] = time.perf_counter() - step_start
         metrics["_rollout"] = everyone
         return metrics
@@ -387,7 +389,7 @@ class OnlineTrainer:
         if self.bad_steps >= MAX_BAD_UPDATES:
             raise UserError(
                 f"{self.cfg.algorithm}: {MAX_BAD_UPDATES} non-finite updates in a row; stopping "
-                "(try a lower --learning-rate, --reward-clip, or check the rewards)"
+                f"(try a lower {option('learning_rate')}, {option('reward_clip')}, or check the rewards)"
             )
         return {}
 

@@ -64,7 +64,7 @@ def first_last(rows, key, k=3):
 
 
 @pytest.mark.parametrize("command", ["grpo", "rloo"])
-def test_reward_rises_with_a_python_reward_function(task, tmp_path, command):
+def test_reward_rises_with_a_python_reward_function(task, tmp_path, command, capsys):
     model, prompts, rewards = task
     cfg = parse(
         command,
@@ -72,10 +72,13 @@ def test_reward_rises_with_a_python_reward_function(task, tmp_path, command):
         f"--max-steps 15 --learning-rate 3e-3 {FAST}",
     )
     train(cfg)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"model saved to {tmp_path.resolve()}"
     rows = read_metrics(tmp_path)
     start, end = first_last(rows, "reward/score")
     assert end > start + 0.4, (start, end)  # from about 0.2 ('thanks' in a fifth of the replies) towards 1
     last = rows[-1]
+    # the rate each step used: the configured one at step 1, then linear decay (as every trainer logs it)
+    assert rows[0]["step"] == 1 and rows[0]["learning_rate"] == pytest.approx(3e-3)
     assert last["reward/thanks"] == last["reward/score"]
     assert "rollout/zero_std_groups" in last and "kl/ref" in last and "policy/clipfrac" in last
     assert "loss/value" not in last and "value/explained_variance" not in last  # no critic

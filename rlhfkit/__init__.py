@@ -1,4 +1,6 @@
-"""rlhfkit: RLHF on one machine — SFT, Bradley–Terry reward models, PPO with a KL penalty, and DPO.
+"""rlhfkit: RLHF on one machine — SFT, Bradley–Terry reward models, PPO with a KL penalty, DPO, and the
+critic-free family (GRPO, Dr. GRPO, RLOO, REINFORCE++) with rewards written as Python functions; a web page
+where people label preferences (``rlhfkit label``) and one that shows training runs (``rlhfkit view``).
 
 The command line is ``rlhfkit COMMAND``; the same commands are Python functions here::
 

@@ -1,20 +1,27 @@
 # Two commands on a fresh clone: `make test` and `make demo`. Each sets up .venv itself.
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# Where pip looks for torch. Empty: pip's own configuration (PyPI, whose Linux x86-64 torch is the CUDA build
+# with gigabytes of CUDA libraries). For a CPU-only laptop: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+# The versions the suite last passed on; CONSTRAINTS= (empty) installs the newest releases instead.
+CONSTRAINTS ?= constraints.txt
 
-.PHONY: venv install browser test lint demo bench clean
+.PHONY: venv install browser test test-latest constraints lint demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# torch first and pinned: an unpinned torch pulls the CUDA wheels. A torch that is already there
-# (for example a user's CUDA build in a venv made with --system-site-packages) is kept.
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e '.[test]'
+# torch first and pinned (TORCH_VERSION, from TORCH_INDEX when given): otherwise another package's requirement
+# could pull the newest torch. A torch that is already there (for example a user's CUDA build in a venv made
+# with --system-site-packages) is kept. Then the package with its test extras, at the tested versions.
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+		$(BIN)/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -33,6 +40,15 @@ browser:
 test: install browser
 	$(BIN)/python -m pytest -n 2 -rs tests
 
+# The suite against the newest release of every dependency (torch held at TORCH_VERSION), in .venv-latest;
+# lists what differs from constraints.txt and, when tests fail, which upgrade broke which test.
+test-latest: browser
+	TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) $(PY) .ci/dependencies.py latest
+
+# Record what $(VENV) has installed as the tested set (after the suite passed there).
+constraints:
+	$(PY) .ci/dependencies.py freeze $(VENV)
+
 # ruff: lint rules and formatting, configured in pyproject.toml
 lint: install
 	$(BIN)/ruff check .
@@ -45,4 +61,4 @@ bench: install
 	$(BIN)/python bench/ppo_vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-latest runs

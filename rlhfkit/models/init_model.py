@@ -16,7 +16,8 @@ from rlhfkit.errors import UserError
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
-# (hidden, layers, heads, intermediate, positions); tiny is ~0.25M parameters, small ~10M.
+# (hidden, layers, heads, intermediate, positions, default BPE vocabulary). The parameter counts these give are
+# stated in the help of `--size` (InitModelConfig), and a test holds that text to them.
 SIZES = {
     "tiny": dict(hidden=64, layers=4, heads=4, intermediate=176, positions=256, vocab=1024),
     "small": dict(hidden=384, layers=5, heads=6, intermediate=1024, positions=512, vocab=4096),

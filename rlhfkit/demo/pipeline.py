@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
+from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import DemoConfig
 from rlhfkit.errors import UserError
@@ -71,74 +73,114 @@ def _run(command: str, argv: str):
 
 
 class Background:
-    """A stage running as ``rlhfkit COMMAND ...`` in a child process, its output in ``log``. A watcher thread
-    notes its wall time the moment it exits (``seconds``), and ``beside`` collects the stages run meanwhile."""
+    """A stage running as ``rlhfkit COMMAND ...`` in a child process. Its ``log`` starts with that command line,
+    then everything the child prints (its progress bar, warnings, an error). A watcher thread notes the wall time
+    (``seconds``) and the load average (``load``) the moment the child exits, then calls ``on_exit(self)``;
+    ``beside`` collects the stages run meanwhile."""
 
-    def __init__(self, name: str, command: str, argv: str, log: Path, threads: int):
+    def __init__(self, name: str, command: str, argv: str, log: Path, threads: int, on_exit):
         self.name, self.log = name, log
         self.beside: list[str] = []
         self.seconds: float | None = None
+        self.load = float("nan")
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         start = time.perf_counter()
         with open(log, "w") as f:
+            f.write(f"rlhfkit {command} {argv}\n")
+            f.flush()  # before the child writes to the same file
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "rlhfkit.cli.main", command, *argv.split()],
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        self.watcher = threading.Thread(target=self._watch, args=(start,), daemon=True)
+        self.watcher = threading.Thread(target=self._watch, args=(start, on_exit), daemon=True)
         self.watcher.start()
 
-    def _watch(self, start: float) -> None:
+    def _watch(self, start: float, on_exit) -> None:
         self.process.wait()
         self.seconds = time.perf_counter() - start
+        self.load = _load_average()
+        on_exit(self)
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 class Stages:
     """Runs the stages in order, printing which one is running and how long each took. ``load`` keeps the
     machine's 1-minute load average at the end of each stage: other work on the machine stretches the times.
-    A stage can also run beside the others in a child process (``start`` ... ``wait``); ``beside`` then names
-    the stages that ran meanwhile."""
+    A stage can also run beside the others in a child process (``start`` ... ``wait``); its end is printed the
+    moment the child exits, among the stages running then, and ``beside`` names the stages that ran meanwhile.
+    ``seconds`` and ``load`` list the stages in the order they started."""
 
     def __init__(self, total: int):
         self.total, self.done, self.seconds, self.load = total, 0, {}, {}
         self.beside: dict[str, str] = {}
         self.pending: list[Background] = []
+        self.order: list[str] = []
+
+    def _header(self, name: str) -> None:
+        self.done += 1
+        self.order.append(name)
+        console.rule(f"[bold]demo {self.done}/{self.total}: {escape(name)}")
+
+    def _record(self, name: str, seconds: float, load: float) -> None:
+        self.seconds[name], self.load[name] = seconds, load
+        self.seconds = {n: self.seconds[n] for n in self.order if n in self.seconds}
+        self.load = {n: self.load[n] for n in self.order if n in self.load}
 
     def start(self, name: str, command: str, argv: str, log: Path, threads: int) -> Background:
-        self.done += 1
-        console.rule(f"[bold]demo {self.done}/{self.total}: {name} (started beside the next stages; log: {log})")
-        job = Background(name, command, argv, log, threads)
+        log = log.resolve()
+        self._header(name)
+        console.print(f"in a child process beside the next stages; its log: {escape(str(log))}", soft_wrap=True)
+        job = Background(name, command, argv, log, threads, on_exit=self._exited)
         self.pending.append(job)
         return job
+
+    @staticmethod
+    def _exited(job: Background) -> None:
+        """Runs on the child's watcher thread as it exits, clearing any progress bar while it prints."""
+        with tqdm.external_write_mode(file=sys.stderr):
+            if job.process.returncode == 0:
+                console.print(f"[green]done[/green] {escape(job.name)} in {job.seconds:.0f}s")
+            else:
+                console.print(
+                    f"[red]failed[/red] {escape(job.name)} (exit {job.process.returncode}); its log: "
+                    f"{escape(str(job.log))}",
+                    soft_wrap=True,
+                )
 
     def wait(self, job: Background) -> None:
         """Wait for a stage started with ``start``; a failed one stops the demo with the end of its log."""
         if job.watcher.is_alive():
-            console.print(f"waiting for {job.name} ...")
+            console.print(f"waiting for {escape(job.name)} ...")
         job.watcher.join()
         self.pending.remove(job)
         if job.process.returncode != 0:
             tail = "\n".join(job.log.read_text(errors="replace").splitlines()[-15:])
             raise UserError(f"demo: {job.name} failed (exit {job.process.returncode}); end of {job.log}:\n{tail}")
-        self.seconds[job.name] = job.seconds
+        self._record(job.name, job.seconds, job.load)
         self.beside[job.name] = ", ".join(job.beside)
-        self.load[job.name] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        console.print(f"[green]done[/green] {job.name} in {job.seconds:.0f}s")
 
     def run(self, name: str, fn):
-        self.done += 1
         for job in self.pending:
-            job.beside.append(name)
-        console.rule(f"[bold]demo {self.done}/{self.total}: {name}")
+            if job.seconds is None:  # still running
+                job.beside.append(name)
+        self._header(name)
         start = time.perf_counter()
         result = fn()
-        self.seconds[name] = time.perf_counter() - start
-        self.load[name] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        console.print(f"[green]done[/green] {name} in {self.seconds[name]:.0f}s")
+        self._record(name, time.perf_counter() - start, _load_average())
+        console.print(f"[green]done[/green] {escape(name)} in {self.seconds[name]:.0f}s")
         return result
+
+
+def announce_report(out: Path) -> None:
+    """A demo's last lines: where its summary and its report are, the report last."""
+    console.print(f"\nsummary: {escape(str((out / 'summary.json').resolve()))}", soft_wrap=True)
+    console.print(f"[bold]report:[/bold] {escape(str((out / 'report.md').resolve()))}", soft_wrap=True)
 
 
 def begin(
@@ -209,7 +251,8 @@ def run(cfg: DemoConfig) -> dict:
     # (each stage on cfg.threads threads; a seed gives the same numbers either way).
     job = None
     if 2 * cfg.threads <= (os.cpu_count() or 1):
-        no_kl = no_kl.replace("--progress true", "--progress false")
+        # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
+        no_kl = no_kl.replace("--progress false", "--progress true")
         job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)
     try:
         stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
@@ -254,6 +297,6 @@ def run(cfg: DemoConfig) -> dict:
     results = stages.run("evaluation on held-out prompts", evaluate_all)
     prefs_eval = [json.loads(line) for line in open(data["prefs_eval"])]
     ceiling = label_noise_ceiling(prefs_eval)
-    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start)
-    console.print(f"\n[bold]report:[/bold] {out / 'report.md'}   summary: {out / 'summary.json'}")
+    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start, cfg.quick)
+    announce_report(out)
     return summary

@@ -7,6 +7,30 @@ import os
 from pathlib import Path
 
 MODELS = {"sft": "SFT", "ppo": "PPO (KL on)", "ppo_no_kl": "PPO (beta = 0)", "dpo": "DPO"}
+# The top line of a --quick run's report (both tasks): its stages ran a few steps, so its numbers are noise.
+QUICK_RUN = (
+    "**A quick run (`--quick`): every stage ran only a few steps, to check that the stages fit together. Its "
+    "numbers mean nothing, and this report draws no conclusions from them.**"
+)
+
+
+def number(value: float, spec: str = ".2f") -> str:
+    """``value`` formatted with ``spec``, a value that rounds to zero written as +0: an estimate of -0.0004
+    prints as 0.00 (or +0.00), never -0.00."""
+    text = format(value, spec)
+    return format(0.0, spec) if float(text) == 0 else text
+
+
+def kl_note(values: list[float], spec: str = ".2f") -> list[str]:
+    """A note for a table whose KL column, formatted with ``spec``, shows a negative number; else nothing."""
+    if not any(number(v, spec).startswith("-") for v in values):
+        return []
+    return [
+        "",
+        "*KL to SFT* is estimated from the sampled replies: the mean over replies of the sum over tokens of "
+        "log π(token) − log π_SFT(token). The true KL is never negative, but this estimate can be; a negative "
+        "value means the policy is so close to the SFT model that sampling noise outweighs the difference.",
+    ]
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -64,15 +88,26 @@ def gold_peak(rows: list[dict]) -> tuple[int, float] | None:
     return steps[i], golds[i]
 
 
+# The report's first paragraph: what the demo trains and how it is judged (no numbers).
+ABOUT = (
+    "**What this is.** A small language model, trained from scratch on this machine, learns to reply to "
+    "customer-support messages. First it imitates example replies of mixed quality (SFT). Then it learns from "
+    "preference pairs (which of two replies a simulated rater liked better) in two ways: PPO, which optimises a "
+    "reward model trained on the pairs while a KL penalty keeps it near the SFT model, and DPO, which learns "
+    "from the pairs directly. A hidden gold judge, the rule the raters follow and which no training step sees, "
+    "scores every reply to customer messages none of the models trained on."
+)
+
+
 def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, float] | None = None) -> list[str]:
-    """The report's opening in plain words: what was trained, and what the numbers show. ``no_kl_peak``: the
-    (step, gold) at which the beta = 0 run's logged gold score peaked."""
+    """The report's opening in plain words: what was trained (``ABOUT``), and what the numbers show.
+    ``no_kl_peak``: the (step, gold) at which the beta = 0 run's logged gold score peaked."""
     gold = {n: m[n]["reward/gold"] for n in MODELS}
     ppo, dpo, hack = gold["ppo"] - gold["sft"], gold["dpo"] - gold["sft"], m["ppo_no_kl"]
     kl, kl_ppo = hack.get("kl/ref", float("nan")), m["ppo"].get("kl/ref", float("nan"))
 
     def moved(delta: float) -> str:
-        return f"raised it by {delta:+.2f}" if delta > 0 else f"changed it by {delta:+.2f}"
+        return f"raised it by {number(delta, '+.2f')}" if delta > 0 else f"changed it by {number(delta, '+.2f')}"
 
     over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["ppo"]
     if over:
@@ -87,38 +122,34 @@ def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, floa
             f"Without the KL penalty (beta = 0) PPO pushes the reward model's score higher still "
             f"({hack['reward/score']:.2f} against {m['ppo']['reward/score']:.2f}) while the gold score ends at "
             f"{gold['ppo_no_kl']:.2f}, {where}: the policy has found what the reward model gets wrong (reward "
-            f"over-optimisation), drifting far from the SFT model (KL {kl:.0f} against {kl_ppo:.1f}).{peak}"
+            f"over-optimisation), drifting far from the SFT model (KL {number(kl, '.0f')} against "
+            f"{number(kl_ppo, '.1f')}).{peak}"
         )
     else:
         no_kl = (
             f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
-            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model (KL {kl:.1f} against "
-            f"{kl_ppo:.1f}) did not cost gold score within its steps, so the over-optimisation it risks does not "
-            "show here."
+            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model (KL {number(kl, '.1f')} "
+            f"against {number(kl_ppo, '.1f')}) did not cost gold score within its steps, so the over-optimisation "
+            "it risks does not show here."
         )
-    return [
-        "**What this is.** A small language model, trained from scratch on this machine, learns to reply to "
-        "customer-support messages. First it imitates example replies of mixed quality (SFT). Then it learns "
-        "from preference pairs (which of two replies a simulated rater liked better) in two ways: PPO, which "
-        "optimises a reward model trained on the pairs while a KL penalty keeps it near the SFT model, and "
-        "DPO, which learns from the pairs directly. A hidden gold judge, the rule the raters follow and "
-        "which no training step sees, scores every reply to customer messages none of the models trained on.",
-        "",
+    shows = (
         f"**What it shows.** The SFT model's replies score {gold['sft']:.2f} with the gold judge (out of 5). "
         f"PPO with the KL penalty {moved(ppo)}, to {gold['ppo']:.2f}; DPO {moved(dpo)}, to {gold['dpo']:.2f}. "
         + no_kl
         + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
-        f"reach {ceiling:.0%}, since the raters are noisy.",
-    ]
+        f"reach {ceiling:.0%}, since the raters are noisy."
+    )
+    return [ABOUT, "", shows]
 
 
-def write_report(out: Path, results: dict, ceiling: float, stages, seconds: float) -> dict:
-    """``stages``: the stage runner, with ``seconds`` and ``load`` (1-minute load average) per stage."""
+def write_report(out: Path, results: dict, ceiling: float, stages, seconds: float, quick: bool = False) -> dict:
+    """``stages``: the stage runner, with ``seconds`` and ``load`` (1-minute load average) per stage. ``quick``:
+    the stages ran a few steps (``--quick``); the report then says so first and draws no conclusions."""
     stage_seconds = stages.seconds
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
     m = {name: r["metrics"] for name, r in results.items()}
-    summary = {f"gold/{n}": m[n].get("reward/gold") for n in MODELS}
+    summary = {"quick": quick, **{f"gold/{n}": m[n].get("reward/gold") for n in MODELS}}
     summary.update({f"rm_score/{n}": m[n].get("reward/score") for n in MODELS})
     summary.update({f"kl/{n}": m[n].get("kl/ref") for n in MODELS if n != "sft"})
     summary.update({f"length/{n}": m[n].get("response/length") for n in MODELS})
@@ -143,7 +174,7 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
     lines = [
         "# rlhfkit demo: customer-support replies",
         "",
-        *headline(m, rm_acc, ceiling, peak),
+        *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak)),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
@@ -154,12 +185,13 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
     ]
     for n, label in MODELS.items():
         x = m[n]
-        kl = "—" if n == "sft" else f"{x.get('kl/ref', float('nan')):.2f}"
+        kl = "—" if n == "sft" else number(x.get("kl/ref", float("nan")))
         lines.append(
             f"| {label} | {x['reward/gold']:.3f} | {x['reward/score']:.3f} | {kl} "
             f"| {x.get('names_product', float('nan')):.2f} | {x.get('mentions_product', float('nan')):.2f} "
             f"| {x['response/length']:.1f} | {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |"
         )
+    lines += kl_note([m[n].get("kl/ref", float("nan")) for n in MODELS if n != "sft"])
     lines += [
         "",
         "*names the product*: of the replies that name a product (to a customer who named one), the share that "

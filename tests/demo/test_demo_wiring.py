@@ -1,9 +1,11 @@
-"""`rlhfkit demo --quick` runs every stage and writes the report files (numbers are meaningless there);
-`rlhfkit eval` measures what it says; the reward-hacking monitor fires on the drift it describes."""
+"""`rlhfkit demo --quick` runs every stage and writes the report files (numbers are meaningless there, and its
+report says so); `rlhfkit eval` measures what it says; the reward-hacking monitor fires on the drift it describes."""
 
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,10 +16,19 @@ from rlhfkit.trainers.online.monitor import HackingMonitor
 KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "kl/ppo", "kl/ppo_no_kl", "rm/eval_accuracy", "seconds")
 
 
-def test_quick_demo_writes_report(tmp_path):
+def console_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
+    from rlhfkit.demo import pipeline
+    from rlhfkit.demo.report import QUICK_RUN
+
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)  # a core to spare: beta = 0 runs in a child process
     out = tmp_path / "demo"
     assert main(["demo", "--output-dir", str(out), "--quick", "--progress", "false"]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["quick"] is True
     for key in KEYS:
         assert isinstance(summary[key], float), key
     assert 0.5 < summary["rm/label_noise_ceiling"] < 1.0
@@ -28,7 +39,23 @@ def test_quick_demo_writes_report(tmp_path):
     assert set(summary["stage_load_average"]) == set(summary["stage_seconds"])
     report = (out / "report.md").read_text()
     assert "| PPO (beta = 0) |" in report and "label-noise ceiling" in report and "names the product" in report
-    assert report.splitlines()[2].startswith("**What this is.**")
+    assert report.splitlines()[2] == QUICK_RUN and report.splitlines()[4].startswith("**What this is.**")
+    assert "What it shows" not in report and "over-optimisation)" not in report  # no conclusions from noise
+    assert "-0.00" not in report
+
+    # the console: stage headers in the order the stages started, the same order as the report's stage times; the
+    # child's whole log path; the report's path last
+    console = console_lines(capsys.readouterr().err)
+    started = [m.group(1) for m in map(re.compile(r"demo \d/8: (.*?) ─").search, console) if m]
+    assert started[4:7] == ["PPO without KL (beta = 0)", "PPO (KL penalty on)", "DPO"]
+    assert started == list(summary["stage_seconds"])
+    log = (out / "ppo_no_kl.log").resolve()
+    assert f"in a child process beside the next stages; its log: {log}" in console
+    assert console[-1] == f"report: {(out / 'report.md').resolve()}"
+    # the child's log: the command it ran, then its progress bar to the last step
+    command, *output = log.read_text().splitlines()
+    assert command.startswith("rlhfkit ppo --model ") and "--kl-coef 0" in command
+    assert "2/2" in output[-1]
     for png in ("ppo_curves.png", "proxy_vs_gold.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     for stage in ("sft", "rm", "ppo", "ppo_no_kl", "dpo"):
@@ -109,14 +136,19 @@ def test_monitor_warns_on_length_repetition_and_gold_drop():
     assert out["monitor/warnings"] == 3.0
 
 
-def test_quick_arithmetic_demo_runs_sft_then_grpo_and_reports_accuracy(tmp_path):
+def test_quick_arithmetic_demo_runs_sft_then_grpo_and_reports_accuracy(tmp_path, capsys):
+    from rlhfkit.demo.report import QUICK_RUN
+
     out = tmp_path / "arith"
     args = ["demo", "--task", "arithmetic", "--output-dir", str(out), "--quick", "--progress", "false"]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["quick"] is True
     assert 0.0 <= summary["accuracy/sft"] <= 1.0 and 0.0 <= summary["accuracy/grpo"] <= 1.0
     report = (out / "report.md").read_text()
     assert report.startswith("# rlhfkit demo: arithmetic") and "| GRPO |" in report
+    assert report.splitlines()[2] == QUICK_RUN and "went from" not in report and "-0.00" not in report
+    assert console_lines(capsys.readouterr().err)[-1] == f"report: {(out / 'report.md').resolve()}"
     assert (out / "grpo_curves.png").read_bytes()[:4] == b"\x89PNG"
     rows = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert "reward/arithmetic_exact_answer" in rows[-1] and "reward/gold" in rows[-1]
@@ -144,6 +176,74 @@ def test_headline_names_the_over_optimisation_only_when_it_shows():
     m["ppo_no_kl"] = run(4.9, 3.0, 12.0)  # gold above PPO's: no over-optimisation to name
     text = " ".join(headline(m, 0.80, 0.82, gold_peak(rows)))
     assert "does not show here" in text and "peaked" not in text
+    m["ppo"], m["ppo_no_kl"] = run(4.8, 2.5, -0.004), run(4.9, 3.0, -0.01)  # estimates of a KL near 0
+    assert "(KL 0.0 against 0.0)" in " ".join(headline(m, 0.80, 0.82, None))
+
+
+def test_numbers_that_round_to_zero_print_without_a_sign():
+    from rlhfkit.demo.report import kl_note, number
+
+    assert [number(x) for x in (-0.0004, -0.004999, 0.0, -0.0, 0.004)] == ["0.00"] * 5
+    assert number(-0.005001) == "-0.01" and number(0.126) == "0.13" and number(float("nan")) == "nan"
+    assert number(-0.3, ".0f") == "0" and number(-0.6, ".0f") == "-1" and number(-0.001, "+.2f") == "+0.00"
+    assert kl_note([-0.004, 0.5, float("nan")]) == []  # shown as 0.00: nothing to explain
+    assert kl_note([-0.3], ".0f") == []
+    note = " ".join(kl_note([0.5, -0.02]))
+    assert "never negative" in note and "estimate can be" in note
+
+
+def fake_results(kl: dict[str, float]) -> dict:
+    """What the demo's evaluation returns, for each policy named in ``kl`` (its KL to SFT)."""
+    sample = {"prompt": "Customer: hi. Agent:", "response": " hello", "gold": 1.0}
+    metrics = {
+        "n": 4.0,
+        "reward/gold": 3.0,
+        "reward/score": 1.0,
+        "response/length": 5.0,
+        "response/tokens": 5.0,
+        "response/distinct_2": 1.0,
+        "response/repetition": 0.0,
+    }
+    return {n: {"metrics": {**metrics, "kl/ref": v}, "samples": [sample]} for n, v in kl.items()}
+
+
+def test_full_and_quick_reports_of_the_support_task(tmp_path):
+    from rlhfkit.demo.report import QUICK_RUN, write_report
+
+    stages = SimpleNamespace(seconds={"SFT": 3.0}, load={"SFT": 1.0}, beside={})
+    results = fake_results({"sft": 0.0, "ppo": -0.0004, "ppo_no_kl": 1.5, "dpo": -0.05})
+    assert write_report(tmp_path, results, 0.8, stages, 60.0)["quick"] is False
+    assert json.loads((tmp_path / "summary.json").read_text())["quick"] is False
+    report = (tmp_path / "report.md").read_text()
+    assert report.splitlines()[2].startswith("**What this is.**") and "**What it shows.**" in report
+    assert QUICK_RUN not in report
+    assert "| PPO (KL on) | 3.000 | 1.000 | 0.00 |" in report and "| DPO | 3.000 | 1.000 | -0.05 |" in report
+    assert "The true KL is never negative" in report  # DPO's -0.05 is explained
+
+    results["dpo"]["metrics"]["kl/ref"] = 0.05
+    write_report(tmp_path, results, 0.8, stages, 60.0, quick=True)
+    assert json.loads((tmp_path / "summary.json").read_text())["quick"] is True
+    report = (tmp_path / "report.md").read_text()
+    assert report.splitlines()[2] == QUICK_RUN and "What it shows" not in report
+    assert "never negative" not in report
+
+
+def test_full_and_quick_reports_of_the_arithmetic_task(tmp_path):
+    from rlhfkit.demo.arithmetic import write_report
+    from rlhfkit.demo.report import QUICK_RUN
+
+    results = fake_results({"sft": 0.0, "grpo": -0.03})
+    assert write_report(tmp_path, results, {"SFT": 3.0}, 60.0)["quick"] is False
+    report = (tmp_path / "report.md").read_text()
+    assert "went from **3.000** after SFT to **3.000** after GRPO" in report and QUICK_RUN not in report
+    assert "| GRPO | 3.000 | -0.03 |" in report and "never negative" in report
+
+    results["grpo"]["metrics"]["kl/ref"] = -0.0004
+    write_report(tmp_path, results, {"SFT": 3.0}, 60.0, quick=True)
+    assert json.loads((tmp_path / "summary.json").read_text())["quick"] is True
+    report = (tmp_path / "report.md").read_text()
+    assert report.splitlines()[2] == QUICK_RUN and "went from" not in report
+    assert "| GRPO | 3.000 | 0.00 |" in report and "never negative" not in report
 
 
 def test_a_stage_beside_the_others_reports_its_failure_with_its_log(tmp_path):
@@ -158,15 +258,25 @@ def test_a_stage_beside_the_others_reports_its_failure_with_its_log(tmp_path):
     assert "broken stage" not in stages.seconds
 
 
-def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path):
+def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path, capsys):
     import time
 
     from rlhfkit.demo.pipeline import Stages
 
-    stages = Stages(total=2)
+    stages = Stages(total=3)
     start = time.perf_counter()
     job = stages.start("help", "ppo", "--help", tmp_path / "h.log", 1)
     stages.run("meanwhile", lambda: (job.watcher.join(), time.sleep(1.5)))
+    stages.run("after", lambda: None)
     stages.wait(job)
-    assert stages.beside == {"help": "meanwhile"} and "--output-dir" in (tmp_path / "h.log").read_text()
+    log = (tmp_path / "h.log").read_text()
+    assert log.startswith("rlhfkit ppo --help\n") and "--output-dir" in log
+    assert stages.beside == {"help": "meanwhile"}  # it had ended before "after" began
     assert stages.seconds["help"] <= time.perf_counter() - start - 1.5  # not the time until wait was called
+    assert list(stages.seconds) == list(stages.load) == ["help", "meanwhile", "after"]  # the order they started
+
+    # the console: the whole log path, however long, and the child's end where it happened, not at ``wait``
+    console = console_lines(capsys.readouterr().err)
+    assert f"in a child process beside the next stages; its log: {(tmp_path / 'h.log').resolve()}" in console
+    order = [line for line in console if line.startswith(("done", "waiting"))]
+    assert [line.split(" in ")[0] for line in order] == ["done help", "done meanwhile", "done after"]

@@ -2,9 +2,13 @@
 
 Each function takes the command's options as keyword arguments, spelled as the command-line flags in
 snake_case (``output_dir``, ``max_steps``, ``kl_coef``), with the same defaults, the same validation and the
-same errors (raised as ``UserError`` instead of printed) — the options are one definition, the config
+same errors (raised as ``UserError`` instead of printed, naming options as keywords: ``max_steps must be > 0``
+where the command line says ``--max-steps must be > 0``) — the options are one definition, the config
 dataclasses in ``rlhfkit.config``. A ready config instance may be passed instead, as the first argument,
 optionally with keyword overrides.
+
+A call is as quiet as the command line: transformers' warnings and progress bars are silenced while it runs,
+and the caller's transformers logging settings are restored when it returns.
 
 ``data`` and ``eval_data`` may be a path or a list of dicts in the data formats the commands read. In-memory
 rows are written to ``OUTPUT_DIR/inputs/<option>.jsonl`` first (for ``generate``, ``score`` and ``evaluate``,
@@ -21,13 +25,16 @@ repeated from the command line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, spelling
 
 IN_MEMORY_OPTIONS = ("data", "eval_data")  # options that may be given as a list of dicts
 
@@ -80,9 +87,40 @@ def _inputs_dir(resolved: dict[str, Any]) -> Path | None:
     return None
 
 
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers at error level with its progress bars off (the "Loading weights" bars, the load report of
+    a new reward head, warnings about attention masks), as the command line runs it; the caller's level and
+    progress-bar settings (transformers' and huggingface_hub's) are put back afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_verbosity()  # sets up transformers' logger first, so the level read next is the one in use
+    logger = logging.getLogger("transformers")
+    level, bars, hub_bars = logger.level, hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if hub_bars:
+            enable_progress_bars()
+        else:
+            disable_progress_bars()
+
+
 def _run(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict[str, Any]]:
-    """Build the config of ``command`` from ``config`` and/or keyword options and run it; returns what the
-    command returned and the resolved options (flat, by name)."""
+    """Build the config of ``command`` from ``config`` and/or keyword options and run it, quietly and with
+    errors naming options as keywords; returns what the command returned and the resolved options (flat, by
+    name)."""
+    with spelling("keyword"), _quiet_transformers():
+        return _build_and_execute(command, config, **options)
+
+
+def _build_and_execute(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict[str, Any]]:
     from rlhfkit.cli.main import COMMANDS, execute
     from rlhfkit.config.parse import build_config, flat_dict
 

@@ -1,21 +1,22 @@
-"""Range checks that configs run on their options; each raises a UserError naming the flag."""
+"""Range checks that configs run on their options; each raises a UserError naming the option as the caller
+spells it (``--max-steps`` on the command line, ``max_steps`` in the Python API)."""
 
 from __future__ import annotations
 
 from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 
 
 def positive(**values) -> None:
     for name, value in values.items():
         if value is not None and value <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+            raise UserError(f"{option(name)} must be > 0, got {value}")
 
 
 def at_least(low, **values) -> None:
     for name, value in values.items():
         if value < low:
-            raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+            raise UserError(f"{option(name)} must be >= {low}, got {value}")
 
 
 def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None) -> None:
@@ -36,6 +37,6 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
         save_steps=run.save_steps,
     )
     if optim.max_steps == 0 or optim.max_steps < -1:
-        raise UserError(f"--max-steps must be > 0 or -1, got {optim.max_steps}")
+        raise UserError(f"{option('max_steps')} must be > 0 or -1, got {optim.max_steps}")
     if lora is not None:
         at_least(0, lora_r=lora.lora_r)

@@ -16,7 +16,7 @@ from rlhfkit.config.checks import at_least, check_training, positive
 from rlhfkit.config.online import GRPOConfig, PPOConfig, RLOOConfig  # noqa: F401  (every config importable here)
 from rlhfkit.config.pages import LabelConfig, ViewConfig  # noqa: F401
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 
 
 @dataclass
@@ -108,9 +108,9 @@ class DPOConfig:
         check_training(self.optim, self.run, self.lora)
         positive(beta=self.dpo.beta)
         if not 0 <= self.dpo.label_smoothing < 0.5:
-            raise UserError(f"--label-smoothing must be in [0, 0.5), got {self.dpo.label_smoothing}")
+            raise UserError(f"{option('label_smoothing')} must be in [0, 0.5), got {self.dpo.label_smoothing}")
         if self.dpo.loss_type == "ipo" and self.dpo.label_smoothing != 0:
-            raise UserError("--label-smoothing applies to --loss-type sigmoid only, not ipo")
+            raise UserError(f"{option('label_smoothing')} applies to {option('loss_type', 'sigmoid')} only, not ipo")
 
 
 @dataclass

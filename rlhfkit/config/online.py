@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from rlhfkit.config.checks import at_least, check_training, positive
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, command, option, spelled
 
 Estimator = Literal["gae", "sequence", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
 CRITIC_ESTIMATORS = ("gae", "sequence")  # the estimators that need a value function
@@ -179,28 +179,39 @@ class OnlineConfig:
         batch, g = self.optim.batch_size, a.num_generations
         if batch % g:
             raise UserError(
-                f"--batch-size {batch} must be a multiple of --num-generations {g}: it counts completions, "
-                f"{g} per prompt"
+                f"{option('batch_size', batch)} must be a multiple of {option('num_generations', g)}: it counts "
+                f"completions, {g} per prompt"
             )
         if batch % (p.num_minibatches * self.optim.gradient_accumulation_steps):
-            raise UserError("--batch-size must be divisible by --num-minibatches x --gradient-accumulation-steps")
+            raise UserError(
+                f"{option('batch_size')} must be divisible by {option('num_minibatches')} x "
+                f"{option('gradient_accumulation_steps')}"
+            )
         if k.ref_update_steps and self.lora.lora_r:
-            raise UserError("--ref-update-steps needs full fine-tuning: with LoRA the reference is the base weights")
+            raise UserError(
+                f"{option('ref_update_steps')} needs full fine-tuning: with LoRA the reference is the base weights"
+            )
         if not (0 <= a.gamma <= 1 and 0 <= a.lam <= 1):
-            raise UserError("--gamma and --lam must be in [0, 1]")
+            raise UserError(f"{option('gamma')} and {option('lam')} must be in [0, 1]")
         if k.kl_in_loss and k.target_kl is not None:
-            raise UserError("--kl-in-loss keeps beta constant: it cannot be combined with --target-kl")
+            raise UserError(
+                f"{option('kl_in_loss')} keeps beta constant: it cannot be combined with {option('target_kl')}"
+            )
         if a.advantage in GROUP_ESTIMATORS and g < 2:
             raise UserError(
-                f"--advantage {a.advantage} compares the completions of a prompt: it needs --num-generations >= 2"
+                f"{option('advantage', a.advantage)} compares the completions of a prompt: it needs "
+                f"{option('num_generations')} >= 2"
             )
         weights, n_rewards = self.reward.reward_weights, len(self.reward.reward_fn) + bool(self.reward.reward_model)
         if n_rewards == 0:
-            raise UserError(f"rlhfkit {self.algorithm}: give --reward-model or at least one --reward-fn")
+            raise UserError(
+                f"{command(self.algorithm)}: give {option('reward_model')} or at least one "
+                + spelled(option("reward_fn"), "reward function (reward_fns)")
+            )
         if weights and len(weights) != n_rewards:
             raise UserError(
-                f"--reward-weights has {len(weights)} values for {n_rewards} rewards "
-                "(--reward-model first, then each --reward-fn)"
+                f"{option('reward_weights')} has {len(weights)} values for {n_rewards} rewards "
+                f"({option('reward_model')} first, then each " + spelled(option("reward_fn"), "of reward_fns") + ")"
             )
 
 
@@ -226,8 +237,8 @@ def _check_critic(critic: CriticArgs) -> None:
 def _critic_free_check(config: OnlineConfig) -> None:
     if config.needs_critic:
         raise UserError(
-            f"--advantage {config.advantage.advantage} needs a value function: use rlhfkit ppo, or one of "
-            "grpo, rloo, reinforce_pp, reinforce_pp_baseline"
+            f"{option('advantage', config.advantage.advantage)} needs a value function: use {command('ppo')}, or "
+            "one of grpo, rloo, reinforce_pp, reinforce_pp_baseline"
         )
 
 

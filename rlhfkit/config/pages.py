@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 
 from rlhfkit.config import options
 from rlhfkit.config.checks import at_least
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, command, option, spelled
 
 STRENGTHS = ("slightly", "clearly", "much")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
@@ -73,16 +73,18 @@ class LabelConfig:
     def check(self) -> None:
         at_least(0, labels_per_item=self.label.labels_per_item)
         if not 0 <= self.serve.port <= 65535:
-            raise UserError(f"--port must be in 0..65535, got {self.serve.port}")
+            raise UserError(f"{option('port')} must be in 0..65535, got {self.serve.port}")
         for name in self.annotator_names():
             if not _NAME.fullmatch(name):
-                raise UserError(f"--annotators: '{name}' is not a name (letters, digits, '_', '.', '-'; 40 at most)")
+                raise UserError(
+                    f"{option('annotators')}: '{name}' is not a name (letters, digits, '_', '.', '-'; 40 at most)"
+                )
         self.margins()
 
     def annotator_names(self) -> list[str]:
         names = [n.strip() for n in self.label.annotators.split(",") if n.strip()]
         if len(set(names)) != len(names):
-            raise UserError(f"--annotators: a name is given twice ({self.label.annotators})")
+            raise UserError(f"{option('annotators')}: a name is given twice ({self.label.annotators})")
         return names
 
     def margins(self) -> dict[str, float]:
@@ -93,9 +95,11 @@ class LabelConfig:
             try:
                 out[name.strip()] = float(value)
             except ValueError:
-                raise UserError(f"--strength-margins: expected NAME=NUMBER, got '{part}'") from None
+                raise UserError(f"{option('strength_margins')}: expected NAME=NUMBER, got '{part}'") from None
         if set(out) != set(STRENGTHS):
-            raise UserError(f"--strength-margins must give exactly {', '.join(STRENGTHS)}, got {', '.join(out)}")
+            raise UserError(
+                f"{option('strength_margins')} must give exactly {', '.join(STRENGTHS)}, got {', '.join(out)}"
+            )
         return out
 
 
@@ -114,6 +118,7 @@ class ViewConfig:
 
     def check(self) -> None:
         if not self.runs:
-            raise UserError("rlhfkit view: give at least one run folder (rlhfkit view RUN_DIR [RUN_DIR ...])")
+            usage = spelled("rlhfkit view RUN_DIR [RUN_DIR ...]", "runs=[RUN_DIR, ...]")
+            raise UserError(f"{command('view')}: give at least one run folder ({usage})")
         if not 0 <= self.serve.port <= 65535:
-            raise UserError(f"--port must be in 0..65535, got {self.serve.port}")
+            raise UserError(f"{option('port')} must be in 0..65535, got {self.serve.port}")

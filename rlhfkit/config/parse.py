@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from rlhfkit.config.fields import field_docs
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,7 +295,7 @@ def build_config(prog: str, config_cls: type, values: dict[str, tuple[Any, str]]
     for name in getattr(config, "REQUIRED", ()):
         leaf = by_name[name]
         if getattr(_get_part(config, leaf.path), name) in ("", None):
-            raise UserError(f"{prog}: --{name.replace('_', '-')} is required")
+            raise UserError(f"{prog}: {option(name)} is required")
     check = getattr(config, "check", None)
     if check is not None:
         check()

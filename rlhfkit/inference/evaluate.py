@@ -20,7 +20,7 @@ from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.data.text_stats import text_stats
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, ended_with_stop, sample_responses, stop_token_ids
@@ -114,7 +114,7 @@ def run(cfg: EvalConfig) -> dict:
         try:
             judge = get_judge(cfg.eval.gold_judge)
         except ValueError as exc:
-            raise UserError(f"--gold-judge: {exc}") from None
+            raise UserError(f"{option('gold_judge')}: {exc}") from None
     state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
     ranks = Ranks(state.process_index, state.num_processes)
     metrics, rows = evaluate_policy(

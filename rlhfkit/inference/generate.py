@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from rlhfkit.config.commands import GenerateConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.sampling import decode, sample_responses
 from rlhfkit.training.distributed import Ranks, gather_objects
@@ -30,11 +30,11 @@ def run(cfg: GenerateConfig) -> Path:
     examples = load_examples(cfg.io.data, "prompt", "rlhfkit generate")
     out = Path(cfg.io.output)
     if out.is_dir():
-        raise UserError(f"{out}: --output is a directory; give a .jsonl file path")
+        raise UserError(f"{out}: {option('output')} is a directory; give a .jsonl file path")
     try:  # fail before sampling, not after
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"{out}: cannot create the folder of --output ({exc.strerror})") from None
+        raise UserError(f"{out}: cannot create the folder of {option('output')} ({exc.strerror})") from None
 
     # 2. Model, tokenizer, prompt ids.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
@@ -75,6 +75,6 @@ def run(cfg: GenerateConfig) -> Path:
     try:
         out.write_text("".join(rows), encoding="utf-8")
     except OSError as exc:
-        raise UserError(f"{out}: cannot write --output ({exc.strerror})") from None
+        raise UserError(f"{out}: cannot write {option('output')} ({exc.strerror})") from None
     print(f"wrote {len(responses)} responses ({len(examples)} prompts x {per_prompt}) to {out}")
     return out

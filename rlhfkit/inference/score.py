@@ -13,7 +13,7 @@ from pathlib import Path
 from rlhfkit.config.commands import ScoreConfig
 from rlhfkit.data.readers import read_rows
 from rlhfkit.data.schema import to_example
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.training.distributed import Ranks, gather_objects
 from rlhfkit.training.runtime import process_state
@@ -25,7 +25,7 @@ def run(cfg: ScoreConfig) -> Path:
     examples = [to_example(row, "prompt_response", "rlhfkit score") for row in rows]
     output = Path(cfg.io.output)
     if output.is_dir():
-        raise UserError(f"{output}: --output is a directory; give a file name")
+        raise UserError(f"{output}: {option('output')} is a directory; give a file name")
 
     # 2. Score with the reward model's own tokenizer.
     state = process_state(cfg.io.cpu, cfg.io.dist_timeout)

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from rlhfkit.config.pages import STRENGTHS, LabelConfig
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, command, invocation, option
 from rlhfkit.labelling.export import export
 from rlhfkit.labelling.items import read_pairs
 from rlhfkit.labelling.store import CHOICES, Conflict, Store, file_digest
@@ -43,7 +43,7 @@ class LabelApp:
             try:
                 self.guidelines_html = markdown.render(Path(guidelines).read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError) as exc:
-                raise UserError(f"{guidelines}: cannot read --guidelines as UTF-8 text ({exc})") from None
+                raise UserError(f"{guidelines}: cannot read {option('guidelines')} as UTF-8 text ({exc})") from None
         self.app = App()
         self.app.route("GET", r"/", self.index)
         self.app.route("GET", r"/a/(?P<token>[\w-]+)", self.label_page)
@@ -149,19 +149,22 @@ def open_store(cfg: LabelConfig) -> Store:
     out = Path(cfg.label.output_dir)
     db_path = out / "labels.sqlite"
     if cfg.export.export and not db_path.exists():
-        raise UserError(f"{db_path}: no labels to export (start `rlhfkit label --data FILE --output-dir {out}` first)")
+        start = invocation("label", data="FILE", output_dir=str(out))
+        raise UserError(f"{db_path}: no labels to export (start `{start}` first)")
     pairs = digest = None
     if cfg.label.data:
         pairs = read_pairs(cfg.label.data, cfg.label.pairs)  # every row checked before anything is written
         digest = file_digest(cfg.label.data)
     elif not db_path.exists():
-        raise UserError("rlhfkit label: --data is required to start labelling in a new --output-dir")
+        raise UserError(
+            f"{command('label')}: {option('data')} is required to start labelling in a new {option('output_dir')}"
+        )
     if cfg.label.guidelines and not Path(cfg.label.guidelines).is_file():
-        raise UserError(f"{cfg.label.guidelines}: --guidelines file does not exist")
+        raise UserError(f"{cfg.label.guidelines}: {option('guidelines')} file does not exist")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"{out}: cannot create --output-dir ({exc.strerror})") from None
+        raise UserError(f"{out}: cannot create {option('output_dir')} ({exc.strerror})") from None
     store = Store(db_path)
     store.initialise(pairs, digest, cfg.label.seed, cfg.label.labels_per_item)
     return store
@@ -175,7 +178,8 @@ def start(cfg: LabelConfig) -> tuple[Server, Store, dict[str, str]]:
     if not is_loopback(host) and set(tokens) <= {DEFAULT_ANNOTATOR}:
         store.close()
         raise UserError(
-            f"--host {host} makes the page reachable from other machines: name the annotators (--annotators a,b) "
+            f"{option('host', host)} makes the page reachable from other machines: name the annotators "
+            f"({option('annotators', 'a,b')}) "
             "so that each gets a private link"
         )
     if not tokens:

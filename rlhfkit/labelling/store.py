@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.labelling.items import Pair
 
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
@@ -161,7 +161,9 @@ class Store:
             stored = self.meta("data_sha256")
             if stored is None:
                 if pairs is None:
-                    raise UserError(f"{self.path.parent}: no labels here yet; give --data (the candidates to label)")
+                    raise UserError(
+                        f"{self.path.parent}: no labels here yet; give {option('data')} (the candidates to label)"
+                    )
                 db.executemany(
                     "INSERT INTO items (prompt, x, y, source, x_index, y_index) VALUES (?, ?, ?, ?, ?, ?)",
                     [(_dump(p.prompt), _dump(p.x), _dump(p.y), p.source, p.x_index, p.y_index) for p in pairs],
@@ -175,8 +177,8 @@ class Store:
                     db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, str(value)))
             elif digest is not None and digest != stored:
                 raise UserError(
-                    f"{self.path.parent}: holds the labels of another candidates file; keep --data as it was, "
-                    "leave it out to continue, or use a new --output-dir"
+                    f"{self.path.parent}: holds the labels of another candidates file; keep {option('data')} as it "
+                    f"was, leave it out to continue, or use a new {option('output_dir')}"
                 )
             if labels_per_item > 0 or self.meta("labels_per_item") is None:  # 0: keep the stored number
                 db.execute(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, invocation
 
 
 def check_model_dir(path: str, what: str = "model") -> Path:
@@ -78,10 +78,30 @@ def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):
     return model
 
 
+def causal_lm_class(path: str) -> str | None:
+    """The class a checked model directory's config.json names when it is a language model (e.g.
+    ``GPT2LMHeadModel``, ``LlamaForCausalLM``) and not a sequence classifier; None otherwise."""
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    names = (config.get("architectures") if isinstance(config, dict) else None) or []
+    if any("ForSequenceClassification" in str(name) for name in names):
+        return None
+    lm = [str(name) for name in names if str(name).endswith(("ForCausalLM", "LMHeadModel"))]
+    return lm[0] if lm else None
+
+
 def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None):
-    """``AutoModelForSequenceClassification`` with one output (the scalar reward)."""
+    """``AutoModelForSequenceClassification`` with one output (the scalar reward). A causal LM's directory
+    is refused before loading: transformers would give it a random two-output head."""
     from transformers import AutoModelForSequenceClassification
 
+    check_model_dir(path, "reward model")
+    lm = causal_lm_class(path)
+    if lm is not None:
+        train = invocation("rm", model=str(path), data="PREFS.jsonl", output_dir="OUT")
+        raise UserError(
+            f"{path}: is a causal LM ({lm}), not a reward model (a sequence classifier with one output); "
+            f"train a reward model from it on preference pairs: {train}"
+        )
     model = load_pretrained(AutoModelForSequenceClassification, path, "reward model", trust_remote_code)
     if model.config.num_labels != 1:
         raise UserError(f"{path}: a reward model needs one output label, this one has {model.config.num_labels}")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.training.checkpoint import assert_finite
 
 
@@ -34,7 +34,7 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
         try:
             return get_peft_model(model, config)
         except ValueError as exc:  # e.g. no module matches --lora-target-modules
-            raise UserError(f"--lora-target-modules {targets}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"{option('lora_target_modules', targets)}: {str(exc).splitlines()[0]}") from None
 
 
 def is_lora(model) -> bool:

@@ -15,7 +15,7 @@ from rlhfkit.config.commands import SFTConfig
 from rlhfkit.data.collate import collate_sft
 from rlhfkit.data.encode import IGNORE_INDEX, encode_sft
 from rlhfkit.data.schema import load_examples
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import next_token_logits
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora
@@ -46,7 +46,7 @@ def encode_all(tokenizer, examples, data_args, path: str) -> list:
         if all(label == IGNORE_INDEX for label in labels[1:]):
             raise UserError(
                 f"{path}: row {i + 1}: no completion tokens left after truncation to "
-                f"--max-length {data_args.max_length}"
+                f"{option('max_length', data_args.max_length)}"
             )
     return items
 

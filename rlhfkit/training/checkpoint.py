@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 
 STATE_FILE = "trainer_state.pt"
 SHARDS = "shards"  # a sharding engine's models and optimizer, one file per rank
@@ -186,8 +186,8 @@ class Checkpointer:
                 )
             return path
         if self.complete():
-            raise UserError(f"{self.root}: --resume given but every checkpoint is damaged")
-        raise UserError(f"{self.root}: --resume given but there is no complete checkpoint")
+            raise UserError(f"{self.root}: {option('resume', True)} given but every checkpoint is damaged")
+        raise UserError(f"{self.root}: {option('resume', True)} given but there is no complete checkpoint")
 
 
 def rng_state() -> dict:

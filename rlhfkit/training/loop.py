@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlhfkit.errors import option
 from rlhfkit.training import updates
 from rlhfkit.training.batches import step_indices
 from rlhfkit.training.distributed import Ranks, per_rank
@@ -89,9 +90,9 @@ def check_split(optim, ranks: Ranks) -> None:
     per_rank(
         optim.batch_size,
         ranks.world,
-        what="--batch-size",
+        what=option("batch_size"),
         unit=optim.gradient_accumulation_steps,
-        unit_what="--gradient-accumulation-steps",
+        unit_what=option("gradient_accumulation_steps"),
     )
 
 

@@ -92,7 +92,8 @@ class Session:
         self.close()
         raise Preempted(
             f"stopped by {self.stop.name()} after step {step} of {self.total_steps}; checkpoint written to "
-            f"{self.checkpointer.root / f'step-{step}'}; run the same command with {option('resume', True)} to continue",
+            f"{self.checkpointer.root / f'step-{step}'}; run the same command with {option('resume', True)} "
+            "to continue",
             self.stop.signum or signal.SIGTERM,
         )
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines
 
 
@@ -58,8 +58,9 @@ def check_engine(accelerator, optim) -> None:
     configured = accelerator.state.deepspeed_plugin.deepspeed_config.get("gradient_accumulation_steps", "auto")
     if configured not in ("auto", optim.gradient_accumulation_steps):
         raise UserError(
-            f"the DeepSpeed config has gradient_accumulation_steps {configured} but --gradient-accumulation-steps "
-            f"is {optim.gradient_accumulation_steps}: set them to the same value"
+            f"the DeepSpeed config has gradient_accumulation_steps {configured} but "
+            f"{option('gradient_accumulation_steps')} is {optim.gradient_accumulation_steps}: set them to the same "
+            "value"
         )
 
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 
 IMAGE_SUFFIXES = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 MAX_SAMPLE_ROWS = 5000  # samples.jsonl rows sent to the page per run (the newest)
@@ -43,7 +43,9 @@ def find_runs(paths: list[str]) -> list[Folder]:
         else:
             subs = sorted(p for p in path.iterdir() if (p / "metrics.jsonl").is_file())
             if not subs:
-                raise UserError(f"{path}: no metrics.jsonl in it or in its sub-folders (give a run's --output-dir)")
+                raise UserError(
+                    f"{path}: no metrics.jsonl in it or in its sub-folders (give a run's {option('output_dir')})"
+                )
             runs = [Run(f"{path.resolve().name}/{p.name}", p) for p in subs]
         folders.append(Folder(path, runs))
     names = [run.name for folder in folders for run in folder.runs]

@@ -70,8 +70,8 @@ def test_keyword_options_resolve_as_the_cli_flags_do(tmp_path):
     [
         ({"max_steps": "many"}, r"rlhfkit\.sft: max_steps must be an integer, got 'many'"),
         ({"klcoef": 0.1}, r"rlhfkit\.sft: unknown option 'klcoef'"),
-        ({"learning_rate": -1.0}, r"--learning-rate must be > 0, got -1\.0"),
-        ({"model": ""}, r"rlhfkit\.sft: --model is required"),
+        ({"learning_rate": -1.0}, r"^learning_rate must be > 0, got -1\.0$"),
+        ({"model": ""}, r"^rlhfkit\.sft: model is required$"),
     ],
 )
 def test_bad_options_raise_user_error(tiny_model_dir, tmp_path, options, message):

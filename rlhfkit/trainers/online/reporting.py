@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit import ops
 from rlhfkit.data.templates import render_prompt
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.sampling import decode, sample_responses
 from rlhfkit.trainers.online.rollout import Rollout
 
@@ -94,9 +94,9 @@ class GoldEvaluator:
         try:
             judge = get_judge(name)
         except ValueError as exc:
-            raise UserError(f"--gold-judge: {exc}") from None
+            raise UserError(f"{option('gold_judge')}: {exc}") from None
         if not eval_examples:
-            raise UserError("--gold-judge needs held-out prompts in --eval-data")
+            raise UserError(f"{option('gold_judge')} needs held-out prompts in {option('eval_data')}")
         return cls(judge, [ex.prompt for ex in eval_examples[:GOLD_PROMPTS]])
 
     @torch.no_grad()

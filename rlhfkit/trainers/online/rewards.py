@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.config.online import OnlineRewardArgs
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
 
 
@@ -209,14 +209,14 @@ def load_function(spec: str, data_path: str = "the data") -> FunctionReward:
         location, name = spec, ""
     if location.endswith(".py") or "/" in location:
         if not name:
-            raise UserError(f"--reward-fn {spec}: give the function as FILE.py:NAME")
+            raise UserError(f"{option('reward_fn', spec)}: give the function as FILE.py:NAME")
         return FunctionReward(_function_from_file(spec, Path(location), name), name, data_path)
     return _task_reward(spec, location, name, data_path)
 
 
 def _function_from_file(spec: str, path: Path, name: str) -> Callable:
     if not path.is_file():
-        raise UserError(f"--reward-fn {spec}: {path} does not exist")
+        raise UserError(f"{option('reward_fn', spec)}: {path} does not exist")
     module_name = f"rlhfkit_reward_{abs(hash(path.resolve()))}"
     try:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -224,12 +224,12 @@ def _function_from_file(spec: str, path: Path, name: str) -> Callable:
         loader_spec.loader.exec_module(module)
     except Exception as exc:  # the user's file: report why it cannot be imported, in one line
         detail = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserError(f"--reward-fn {spec}: cannot import {path} ({type(exc).__name__}: {detail})") from None
+        raise UserError(f"{option('reward_fn', spec)}: cannot import {path} ({type(exc).__name__}: {detail})") from None
     fn = getattr(module, name, None)
     if fn is None:
-        raise UserError(f"--reward-fn {spec}: {path} has no '{name}'")
+        raise UserError(f"{option('reward_fn', spec)}: {path} has no '{name}'")
     if not callable(fn):
-        raise UserError(f"--reward-fn {spec}: '{name}' in {path} is not a function")
+        raise UserError(f"{option('reward_fn', spec)}: '{name}' in {path} is not a function")
     return fn
 
 
@@ -239,12 +239,12 @@ def _task_reward(spec: str, task_name: str, name: str, data_path: str) -> Functi
     try:
         task = get_task(task_name)
     except ValueError as exc:
-        raise UserError(f"--reward-fn {spec}: not FILE.py:NAME, and {exc}") from None
+        raise UserError(f"{option('reward_fn', spec)}: not FILE.py:NAME, and {exc}") from None
     functions = task.reward_functions
     if not functions:
-        raise UserError(f"--reward-fn {spec}: the task '{task_name}' has no reward function")
+        raise UserError(f"{option('reward_fn', spec)}: the task '{task_name}' has no reward function")
     if name and name not in functions:
-        raise UserError(f"--reward-fn {spec}: the task '{task_name}' has {', '.join(functions)}, not '{name}'")
+        raise UserError(f"{option('reward_fn', spec)}: the task '{task_name}' has {', '.join(functions)}, not '{name}'")
     chosen = name or next(iter(functions))
     return FunctionReward(functions[chosen], f"{task_name}_{chosen}" if name else task_name, data_path)
 

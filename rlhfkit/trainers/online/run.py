@@ -10,7 +10,7 @@ import torch
 from rlhfkit.config.online import OnlineConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import RewardScorer
@@ -33,16 +33,17 @@ def check_split(cfg: OnlineConfig, world: int) -> None:
     prompts = cfg.optim.batch_size // G
     if prompts % world:
         raise UserError(
-            f"--batch-size {cfg.optim.batch_size} / --num-generations {G} = {prompts} prompts per step must be "
+            f"{option('batch_size', cfg.optim.batch_size)} / {option('num_generations', G)} = {prompts} prompts "
+            "per step must be "
             f"divisible by the number of processes ({world}): a prompt's completions stay on one process"
         )
     split = cfg.policy.num_minibatches * cfg.optim.gradient_accumulation_steps
     per_rank(
         cfg.optim.batch_size,
         world,
-        what="--batch-size",
+        what=option("batch_size"),
         unit=split,
-        unit_what="--num-minibatches x --gradient-accumulation-steps",
+        unit_what=f"{option('num_minibatches')} x {option('gradient_accumulation_steps')}",
     )
 
 
@@ -78,7 +79,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     if len(examples) < prompts_per_step:
         raise UserError(
             f"{cfg.data.data}: {len(examples)} prompts, fewer than the {prompts_per_step} a step takes "
-            f"(--batch-size {cfg.optim.batch_size} / --num-generations {G})"
+            f"({option('batch_size', cfg.optim.batch_size)} / {option('num_generations', G)})"
         )
     gold = GoldEvaluator.create(cfg.monitor.gold_judge, eval_examples)
     rewards = build_rewards(cfg.reward, cfg.data.data)  # reward functions, checked now; the model comes later

@@ -178,3 +178,31 @@ def test_the_page_draws_every_metric_with_the_runs_overlaid(browser, viewer, tmp
     wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", image) == 4)
     assert XSS in report.text and browser.execute_script("return window.__pwned === undefined")
     assert console_errors(browser) == []
+
+
+def test_opening_a_tab_by_its_url_keeps_the_header_at_the_top(browser, viewer, demo_dir):
+    """`/#report` opens the report tab scrolled to the top: the header bar first, the report's first line below
+    it, with no band of page above the header (a fragment that named an element would scroll to it)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    paragraphs = "\n\n".join(f"Paragraph {i} of a report longer than the window." for i in range(80))
+    with (demo_dir / "report.md").open("a") as report:
+        report.write(f"\n{paragraphs}\n")
+    browser.get(viewer.url("/") + "#report")
+    wait = WebDriverWait(browser, 10, poll_frequency=0.05)
+    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".report").is_displayed())
+    tab = browser.find_element(By.CSS_SELECTOR, '[data-testid="tab-report"]')
+    assert tab.get_attribute("aria-selected") == "true"
+    page = browser.execute_script(
+        """const bar = document.querySelector("header.bar").getBoundingClientRect();
+        const first = document.querySelector(".report-path").getBoundingClientRect();
+        return {scrolled: window.scrollY, height: document.documentElement.scrollHeight, window: window.innerHeight,
+                barTop: bar.top, barBottom: bar.bottom, firstTop: first.top,
+                namedByTabs: ["curves", "samples", "report"].filter((name) => document.getElementById(name))};"""
+    )
+    assert page["height"] > page["window"] + 500  # the page could scroll
+    assert page["scrolled"] == 0 and page["barTop"] == 0, page
+    assert page["firstTop"] >= page["barBottom"], page  # the report's first line is not under the header
+    assert page["namedByTabs"] == [], page

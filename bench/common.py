@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import results_file
 import torch
 from stamp import Stamp
 
@@ -138,11 +139,15 @@ def prepare(threads: int, work_dir: str, trl_setup: str | None) -> tuple[Path, d
 
 
 class Results(dict):
-    """A benchmark's JSON result: the stamp, the arguments and settings, the machine, ``sizes`` (filled by the
-    runs) and the load while it ran. ``save`` rewrites the file after every run, so an interrupted benchmark
-    keeps what it measured; ``close`` stops the load sampler and writes the load after the runs."""
+    """One run of a benchmark: the stamp, the arguments and settings, the machine, ``sizes`` (filled by the
+    runs) and the load while it ran. ``save`` merges it into the benchmark's file (bench/results_file.py) under
+    its machine and run key after every run, so an interrupted benchmark keeps what it measured and the file's
+    other runs stay; ``close`` stops the load sampler and writes the load after the runs.
 
-    def __init__(self, path: Path, stamp: Stamp, **fields):
+    ``benchmark``: the file's benchmark name; ``defaults``: the script's option defaults (the run key names the
+    options that differ from them)."""
+
+    def __init__(self, path: Path, stamp: Stamp, benchmark: str, defaults: dict, **fields):
         super().__init__(
             stamp=stamp.record(),
             **fields,
@@ -155,20 +160,24 @@ class Results(dict):
             },
             sizes={},
         )
-        self.path, self.stamp = path, stamp
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.stamp, self.benchmark = path, stamp, benchmark
+        self.machine_key = results_file.machine_key(self["stamp"])
+        self.run_key = results_file.run_key(self["stamp"]["commit"], self.get("args", {}), defaults)
         self.sampler = LoadSampler()
         self.sampler.start()
 
     def save(self) -> None:
         self["stamp"] = self.stamp.record()
         self["load_during"] = self.sampler.summary()
-        self.path.write_text(json.dumps(self, indent=1, default=str))
+        results_file.merge(self.path, self.benchmark, self.machine_key, self.run_key, self)
 
     def close(self) -> None:
         self.sampler.stopped.set()
         self["load_after"] = load_average()
         self.save()
+
+    def where(self) -> str:
+        return f"{self.path}, machine {self.machine_key!r}, run {self.run_key!r}"
 
 
 def machine_busy_s() -> float | None:

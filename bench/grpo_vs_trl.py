@@ -1,6 +1,7 @@
 """rlhfkit GRPO vs Hugging Face TRL 1.16's GRPOTrainer on this machine: step time, peak RSS, learning.
 
     python bench/grpo_vs_trl.py [--sizes tiny,small] [--steps 20] [--repeats 3] [--seeds 10] [--out FILE.json]
+    python bench/grpo_vs_trl.py --report bench/reported/grpo_vs_trl.json [--run TEXT]
 
 What it does, per model size:
   1. models (bench/common.py; cached in --work-dir): `rlhfkit init-model` on the support task's corpus ->
@@ -18,8 +19,9 @@ What it does, per model size:
 Speed: seconds per step = median over steps 2..N of the time between consecutive step ends (the start-up and
 the first, warm-up step are excluded); peak RSS = ru_maxrss of the subprocess (os.wait4). --repeats seeds per
 size (seed, seed+1, ...); --seeds N runs N seeds at --learning-size instead, for the learning comparison
-(mean ± standard error over seeds). The JSON (--out, rewritten after every run) carries a "stamp"
-(bench/stamp.py) and, per run, the machine's load before it and the cores other work kept busy during it.
+(mean ± standard error over seeds). The result carries a "stamp" (bench/stamp.py) and, per run, the machine's
+load before it and the cores other work kept busy during it; it is merged into --out after every run, under its
+machine and run key (bench/results_file.py), beside the other runs the file holds.
 
 One difference is TRL's and is left as it is: its training forwards (``_get_per_token_logps_and_entropies``)
 pass no position ids, so on the benchmark's GPT-2 models (learned absolute positions) a left-padded row is
@@ -39,6 +41,7 @@ import statistics
 import time
 from pathlib import Path
 
+import results_file
 from common import (
     BENCH,
     PREP,
@@ -479,14 +482,21 @@ def main(argv: list[str] | None = None) -> None:
         "compile happens in the first step, which the timings leave out",
     )
     ap.add_argument("--skip-trl", action="store_true", help="rlhfkit rows only (no TRL environment needed)")
-    ap.add_argument("--out", default=str(BENCH / "results" / "grpo_vs_trl.json"), help="JSON file with every number")
+    ap.add_argument(
+        "--out",
+        default=str(BENCH / "results" / "grpo_vs_trl.json"),
+        help="the benchmark's JSON file: this run is merged into it under its machine and run key",
+    )
     ap.add_argument(
         "--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs (models are reused)"
     )
-    ap.add_argument("--report", metavar="RESULTS.json", help="only print the table of an earlier run's JSON")
+    ap.add_argument("--report", metavar="RESULTS.json", help="only print the tables of the runs in a JSON file")
+    ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
     args = ap.parse_args(argv)
     if args.report:
-        print_table(json.loads(Path(args.report).read_text()))
+        for machine, key, run in results_file.select(results_file.read(Path(args.report)), args.run):
+            print(f"\n== {machine} / {key}")
+            print_table(run)
         return
     stamp = Stamp()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -510,6 +520,8 @@ def main(argv: list[str] | None = None) -> None:
     results = Results(
         Path(args.out),
         stamp,
+        "grpo_vs_trl",
+        vars(ap.parse_args([])),
         args=vars(args),
         settings=dict(SETTINGS, trl_loss_type=TRL_LOSS_TYPE[SETTINGS["loss_aggregation"]]),
         reward=f"{REWARD_FILE.relative_to(BENCH.parent)}:{REWARD_NAME}",
@@ -563,7 +575,7 @@ def main(argv: list[str] | None = None) -> None:
         results.save()
     results.close()
     print_table(results)
-    print(f"\nwrote {results.path}")
+    print(f"\nwrote {results.where()}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """rlhfkit PPO vs Hugging Face TRL 1.12 PPO on this machine: step time, tokens/s, peak RSS, learning.
 
     python bench/ppo_vs_trl.py [--sizes tiny,small] [--steps 20] [--repeats 3] [--out bench/results/ppo_vs_trl.json]
+    python bench/ppo_vs_trl.py --report bench/reported/ppo_vs_trl.json [--run TEXT]
 
 What it does, per model size:
   1. models (bench/common.py; cached in --work-dir): `rlhfkit init-model` on the support task's corpus ->
@@ -18,8 +19,9 @@ start-up and the first, warm-up step are excluded); tokens/s = response tokens g
 and including EOS) / that step's time, median; peak RSS = ru_maxrss of the subprocess (os.wait4).
 Both frameworks run with identical settings (see SETTINGS): batch 16, 32 new tokens, 4 PPO epochs, 1
 minibatch, fp32, no gradient clipping, no reward normalisation (TRL has none), k1 KL in the reward.
-The JSON (--out, rewritten after every run) carries a "stamp" (bench/stamp.py: commit, date, machine, load at
-the start and at the end), and its one-line summary is printed under the table.
+The run carries a "stamp" (bench/stamp.py: commit, date, machine, load at the start and at the end), whose
+one-line summary is printed under the table. It is merged into --out after every run, under its machine and
+run key (bench/results_file.py), beside the other runs the file holds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+import results_file
 from common import (
     BENCH,
     DEFAULT_LORA_LR,
@@ -252,7 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="tiny,small", help="comma-separated: tiny, small")
     ap.add_argument("--steps", type=int, default=20, help="PPO steps per run (the first is excluded from timings)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each framework per size (mean ± std reported)")
-    ap.add_argument("--out", default=str(BENCH / "results" / "ppo_vs_trl.json"), help="JSON file with every number")
+    ap.add_argument(
+        "--out",
+        default=str(BENCH / "results" / "ppo_vs_trl.json"),
+        help="the benchmark's JSON file: this run is merged into it under its machine and run key",
+    )
     ap.add_argument(
         "--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs (models are reused)"
     )
@@ -280,10 +287,13 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)",
     )
-    ap.add_argument("--report", metavar="RESULTS.json", help="only print the table of an earlier run's JSON")
+    ap.add_argument("--report", metavar="RESULTS.json", help="only print the tables of the runs in a JSON file")
+    ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
     args = ap.parse_args(argv)
     if args.report:
-        print_table(json.loads(Path(args.report).read_text()))
+        for machine, key, run in results_file.select(results_file.read(Path(args.report)), args.run):
+            print(f"\n== {machine} / {key}")
+            print_table(run)
         return
     stamp = Stamp()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -297,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
     results = Results(
         Path(args.out),
         stamp,
+        "ppo_vs_trl",
+        vars(ap.parse_args([])),
         args=vars(args),
         settings=SETTINGS,
     )
@@ -365,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         results.save()
     results.close()
     print_table(results)
-    print(f"\nwrote {results.path}")
+    print(f"\nwrote {results.where()}")
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ The floor: the step's matmul FLOPs (formula in `step_flops`) divided by the matm
 model's shapes (`measure_matmul_rate`, through the path rlhfkit's linear layers take: oneDNN for fp32 on CPU):
 decode shapes (B rows) for generation, full-sequence shapes for the rest.
 The teacher-forced phases count real tokens only (padding is not work the math needs; packing removes most of it).
-The stamp (bench/stamp.py: commit, date, machine, load at the start and at the end) is printed under the tables
-and written into the --out JSON.
+The stamp (bench/stamp.py: commit, date, machine, load at the start and at the end) is printed under the tables.
+With --out the run (its options, stamp and numbers) is merged into that JSON file under its machine and run key
+(bench/results_file.py), beside the other runs the file holds: bench/reported/profile_ppo.json is the reported one.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as bench  # noqa: E402  (the benchmark's models and settings)
+import results_file  # noqa: E402
 from stamp import Stamp, summary  # noqa: E402
 
 BUCKETS = [
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lora-r", type=int, default=0, help="profile the one-backbone LoRA mode instead")
     ap.add_argument("--learning-rate", type=float, default=None)
     ap.add_argument("--work-dir", default=str(bench.BENCH / "results" / "work"))
-    ap.add_argument("--out", default=None, help="JSON file for the numbers")
+    ap.add_argument("--out", default=None, help="JSON file the run is merged into (under its machine and run key)")
     ap.add_argument("--torch-profile", action="store_true", help="also print torch.profiler's top ops of one step")
     args = ap.parse_args(argv)
     if args.steps < 2:
@@ -378,26 +379,27 @@ def main(argv: list[str] | None = None) -> None:
     record = stamp.record()
     print(summary(record))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "stamp": record,
-                    "size": args.size,
-                    "lora_r": args.lora_r,
-                    "threads": torch.get_num_threads(),
-                    "median_s": med,
-                    "step_s": step_s,
-                    "tokens_per_s": tokens / step_s,
-                    "flops": flops,
-                    "padded_flops": padded,
-                    "matmul_gflops": {"full": rate_full, "decode": rate_decode, "full_default_path": rate_default},
-                    "floor_s": floor,
-                    "steps": clock.steps,
-                    "shapes": shapes,
-                },
-                indent=1,
-            )
+        results_file.merge(
+            Path(args.out),
+            "profile_ppo",
+            results_file.machine_key(record),
+            results_file.run_key(record["commit"], vars(args), vars(ap.parse_args([]))),
+            {
+                "stamp": record,
+                "args": vars(args),
+                "size": args.size,
+                "lora_r": args.lora_r,
+                "threads": torch.get_num_threads(),
+                "median_s": med,
+                "step_s": step_s,
+                "tokens_per_s": tokens / step_s,
+                "flops": flops,
+                "padded_flops": padded,
+                "matmul_gflops": {"full": rate_full, "decode": rate_decode, "full_default_path": rate_default},
+                "floor_s": floor,
+                "steps": clock.steps,
+                "shapes": shapes,
+            },
         )
     if args.torch_profile:
         torch_profile_one_step(

@@ -1,0 +1,107 @@
+"""A benchmark's result file: one JSON file per benchmark (bench/reported/ppo_vs_trl.json, grpo_vs_trl.json,
+profile_ppo.json) holding each of its runs, filed under the machine that measured it and the commit and options
+it measured:
+
+    {"benchmark": "ppo_vs_trl",
+     "machines": {
+       "<machine key>": {
+         "<run key>": {"stamp": ..., "args": ..., "settings": ..., <the run's numbers>},
+         ...},
+       ...}}
+
+machine key  "<CPU model>; <instruction sets>; <N> cores", from the run's stamp (bench/stamp.py), e.g.
+             "AMD EPYC; torch kernels AVX2, avx2; 2 cores". One model name covers CPUs whose matmul rates differ
+             by 2-4x, so timings compare only under one key. A run whose stamp records no CPU (it predates
+             stamping) carries the key in its stamp's "machine_key", with "machine_key_source" saying where it
+             comes from.
+run key      the commit (12 characters, "-dirty" kept) and the command-line options that differ from the
+             script's defaults, e.g. "30d9947d964f --sizes tiny --repeats 5 --skip-trl --compile-decode ''".
+
+Saving a run merges it into the file: a run with the same machine and run key (the same measurement made again)
+replaces the earlier one, which git history keeps; every other run stays as it is. Standard library only, so
+bench/tables.py and the tests read these files without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+# Options that say where files go or what is printed, not what is measured: left out of run keys.
+NOT_SETTINGS = ("out", "work_dir", "report", "run", "torch_profile")
+
+
+def machine_key(stamp: dict) -> str:
+    if stamp.get("machine_key"):
+        return stamp["machine_key"]
+    m = stamp.get("machine") or {}
+    cores = m.get("logical_cores")
+    return "; ".join(
+        [m.get("cpu") or "CPU not recorded", m.get("isa") or "instruction sets not recorded", f"{cores or '?'} cores"]
+    )
+
+
+def option_text(args: dict, defaults: dict) -> str:
+    """The options in ``args`` that differ from ``defaults``, written as on the command line, in ``args``' order."""
+    parts = []
+    for name, value in args.items():
+        if name in NOT_SETTINGS or value == defaults.get(name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value is not False and value is not None:
+            parts.append(f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
+def run_key(commit: str | None, args: dict, defaults: dict) -> str:
+    sha = commit or "no-commit"
+    short = sha.removesuffix("-dirty")[:12] + ("-dirty" if sha.endswith("-dirty") else "")
+    return " ".join(x for x in (short, option_text(args, defaults)) if x)
+
+
+def read(path: Path, benchmark: str | None = None) -> dict:
+    """The file at ``path`` (an empty one when there is none). A file that holds a single run in the layout of
+    before, a result with its ``stamp`` at the top, is read as that one run, keyed by its commit and date."""
+    path = Path(path)
+    if not path.exists():
+        return {"benchmark": benchmark, "machines": {}}
+    data = json.loads(path.read_text())
+    if "machines" not in data and "stamp" in data:
+        stamp = data["stamp"] or {}
+        key = f"{run_key(stamp.get('commit'), {}, {})} ({stamp.get('date')})"
+        return {"benchmark": benchmark, "machines": {machine_key(stamp): {key: data}}}
+    return data
+
+
+def write(path: Path, data: dict) -> None:
+    """Write ``data`` whole, through a temporary file, so an interrupted write leaves the previous file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def merge(path: Path, benchmark: str, machine: str, key: str, run: dict) -> None:
+    """Put ``run`` into the file under ``machine`` / ``key``, keeping every other run there."""
+    data = read(path, benchmark)
+    data["benchmark"] = data.get("benchmark") or benchmark
+    data.setdefault("machines", {}).setdefault(machine, {})[key] = run
+    write(path, data)
+
+
+def runs(data: dict) -> Iterator[tuple[str, str, dict]]:
+    """(machine key, run key, run) for every run in a file's data, in file order."""
+    for machine, by_key in data.get("machines", {}).items():
+        for key, run in by_key.items():
+            yield machine, key, run
+
+
+def select(data: dict, text: str | None) -> list[tuple[str, str, dict]]:
+    """The runs whose "machine key / run key" contains ``text`` (every run when ``text`` is empty)."""
+    return [(m, k, r) for m, k, r in runs(data) if not text or text in f"{m} / {k}"]

@@ -1,0 +1,498 @@
+"""The result tables of docs/performance.md and README.md, rendered from bench/reported/*.json.
+
+    python bench/tables.py           # rewrite the tables in the docs
+    python bench/tables.py --check   # exit 1, with a diff, where a doc's table differs from what the files give
+
+A doc marks each table it shows with a comment before it and one after it; what lies between is replaced:
+
+    <!-- table:ppo_vs_trl_avx2 -->
+    | size | run | ... |
+    <!-- end -->
+
+Each name in TABLES picks its runs by file, machine key and run key (bench/results_file.py), so a table changes
+only when its runs change or when it is pointed at other runs. Below each table a line names its runs.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import math
+import re
+import statistics
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+REPORTED = BENCH / "reported"
+DOCS = [ROOT / "docs" / "performance.md", ROOT / "README.md"]
+WIDTH = 110  # the docs' line width, for the text under a table
+MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
+
+AVX2 = "AMD EPYC; torch kernels AVX2, avx2; 2 cores"
+AVX512 = "AMD EPYC; AVX-512 with bf16 (described, not recorded); 2 cores"
+
+
+@functools.cache
+def load(benchmark: str) -> dict:
+    return json.loads((REPORTED / f"{benchmark}.json").read_text())
+
+
+class Run:
+    """One run of a result file, with where it is (for the line under a table)."""
+
+    def __init__(self, benchmark: str, machine: str, key: str):
+        path = REPORTED / f"{benchmark}.json"
+        data = load(benchmark)
+        try:
+            self.data = data["machines"][machine][key]
+        except KeyError:
+            raise SystemExit(f"tables: {path.relative_to(ROOT)} has no run {machine!r} / {key!r}") from None
+        self.file, self.machine, self.key = path.relative_to(ROOT).as_posix(), machine, key
+
+    def __getitem__(self, name):
+        return self.data[name]
+
+    def seeds(self, size: str, name: str) -> list[tuple[int, dict]]:
+        """(seed, run) for each repeat of ``name`` at ``size``: a run's own seed, else the first seed + k."""
+        runs = self.data["sizes"][size]["runs"][name]
+        return [(r.get("seed", self.data["args"]["seed"] + k), r) for k, r in enumerate(runs)]
+
+
+def sources(*runs: Run) -> str:
+    """The line under a table: each file, its machines and the run keys used."""
+    by_place: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        keys = by_place.setdefault((run.file, run.machine), [])
+        if run.key not in keys:
+            keys.append(run.key)
+    parts = [
+        f"`{file}`, {machine}: run{'s' if len(keys) > 1 else ''} " + ", ".join(f"`{k}`" for k in keys)
+        for (file, machine), keys in by_place.items()
+    ]
+    return wrap("Runs: " + "; ".join(parts) + ".")
+
+
+def wrap(text: str) -> str:
+    return textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+# ---- numbers --------------------------------------------------------------------------------------
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0)
+
+
+def pm(ms: tuple[float, float], digits: int = 2, sign: str = "") -> str:
+    return f"{ms[0]:{sign}.{digits}f} ± {ms[1]:.{digits}f}"
+
+
+def diff_se(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Difference of two means and its standard error (independent samples)."""
+    (ma, sa), (mb, sb) = mean_se(a), mean_se(b)
+    return ma - mb, math.sqrt(sa**2 + sb**2)
+
+
+def cpu_label(machine: str) -> str:
+    cpu, isa, cores = (machine.split("; ") + ["", "", ""])[:3]
+    low = isa.lower()
+    width = "AVX-512" if ("avx-512" in low or "avx512" in low) else "AVX2" if "avx2" in low else isa
+    return f"{cpu}, {width}, {cores}"
+
+
+def row(*cells) -> str:
+    return "|" + "|".join(f" {c} " if str(c) else " " for c in cells) + "|"
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return [row(*header), "|" + "---|" * len(header), *(row(*r) for r in rows)]
+
+
+def trl_name(runs: list[dict]) -> str:
+    return "TRL " + ".".join(str(runs[0].get("version", "")).split(".")[:2])
+
+
+# ---- PPO against TRL ---------------------------------------------------------------------------------
+def ppo_rows(run: Run, bf16: bool = False) -> list[list]:
+    rows = []
+    lora_r = run["args"]["lora_r"]
+    for size, res in run["sizes"].items():
+        before = res["before"]
+        for name, runs in res["runs"].items():
+            label = {"rlhfkit": "rlhfkit", "rlhfkit-lora": f"rlhfkit LoRA r={lora_r}"}.get(name) or trl_name(runs)
+            if bf16:
+                label += " bf16=True" if name == "trl" else " bf16"
+            gold = [r["eval"]["gold"] - before["gold"] for r in runs]
+            rm = [r["eval"]["rm_score"] - before["rm_score"] for r in runs]
+            step = [r["step_s"] for r in runs]
+            speed = [] if bf16 else [pm(mean_std([r["tokens_per_s"] for r in runs]), 0)]
+            rss = pm(mean_std([r["peak_rss_mb"] for r in runs]), 0)
+            rows.append(
+                [size, label, pm(mean_std(step)), f"{min(step):.2f}", *speed, rss, pm(mean_std(gold)), pm(mean_std(rm))]
+            )
+        if not bf16 and res.get("sft_footprint"):
+            sft = pm(mean_std([r["peak_rss_mb"] for r in res["sft_footprint"]]), 0)
+            rows.append([size, "one model's SFT", "", "", "", sft, "", ""])
+    return rows
+
+
+def ppo_table(benchmark: str, machine: str, key: str, bf16: bool = False) -> list[str]:
+    run = Run(benchmark, machine, key)
+    columns = ["s/step", "best"] + ([] if bf16 else ["tokens/s"]) + ["peak RSS MB", "gold gain", "RM gain"]
+    return [*table(["size", "run", *columns], ppo_rows(run, bf16)), "", sources(run)]
+
+
+def ppo_baseline() -> list[str]:
+    """The rlhfkit rows of two commits run one after the other on one machine."""
+    current = Run("ppo_vs_trl", AVX2, "ded3a7111ca7")
+    before = Run("ppo_vs_trl", AVX2, "0ff27bfc33e6 --lora-r 0 --skip-trl")
+    rows = []
+    for size in current["sizes"]:
+        now = mean_std([r["step_s"] for r in current["sizes"][size]["runs"]["rlhfkit"]])[0]
+        for run in (current, before):
+            runs = run["sizes"][size]["runs"]["rlhfkit"]
+            step = [r["step_s"] for r in runs]
+            rows.append(
+                [
+                    size,
+                    f"`{run['stamp']['commit'][:7]}`",
+                    pm(mean_std(step)),
+                    f"{min(step):.2f}",
+                    f"{mean_std(step)[0] / now:.2f}",
+                    pm(mean_std([r["peak_rss_mb"] for r in runs]), 0),
+                ]
+            )
+    header = ["size", "rlhfkit at", "s/step", "best", "÷ current s/step", "peak RSS MB"]
+    return [*table(header, rows), "", sources(current, before)]
+
+
+def learning_parts(parts: list[tuple[Run, str]], size: str) -> tuple[list[tuple[int, dict]], dict]:
+    """Final held-out scores of one framework over the seeds of several runs, in seed order; checks that the
+    seeds do not repeat and that every run started from the same SFT policy scores."""
+    seeds, befores = [], []
+    for run, name in parts:
+        seeds += run.seeds(size, name)
+        befores.append(run["sizes"][size]["before"])
+    numbers = [s for s, _ in seeds]
+    if len(set(numbers)) != len(numbers):
+        raise SystemExit(f"tables: a seed repeats in {[(r.key, n) for r, n in parts]}")
+    for b in befores[1:]:
+        if abs(b["gold"] - befores[0]["gold"]) > 1e-6 or abs(b["rm_score"] - befores[0]["rm_score"]) > 1e-6:
+            raise SystemExit("tables: the runs of a learning table start from different SFT scores")
+    return sorted(seeds, key=lambda x: x[0]), befores[0]
+
+
+def seed_range(seeds: list[tuple[int, dict]]) -> str:
+    numbers = [s for s, _ in seeds]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        raise SystemExit(f"tables: seeds {numbers} are not consecutive")
+    return f"seeds {numbers[0]}–{numbers[-1]}"
+
+
+def ahead(a: list[float], b: list[float]) -> str:
+    return f"{sum(x > y for x, y in zip(a, b))} of {len(a)}"
+
+
+def ppo_learning_tiny() -> list[str]:
+    """Final RM and gold scores at tiny over every seed both frameworks ran, and over the last run's seeds."""
+    base = Run("ppo_vs_trl", AVX512, "23affda37e5a")
+    last = Run("ppo_vs_trl", AVX512, "10600cc43dc1 --sizes tiny --repeats 40 --lora-r 0 --seed 39")
+    rlhfkit_3_38 = Run("ppo_vs_trl", AVX512, "10600cc43dc1 --sizes tiny --repeats 36 --lora-r 0 --seed 3 --skip-trl")
+    trl_runs = [
+        Run("ppo_vs_trl", AVX512, "9097a2248ee9 --sizes tiny --repeats 6 --lora-r 0 --seed 3"),
+        Run("ppo_vs_trl", AVX512, "e2c85cd23086 --sizes tiny --repeats 10 --lora-r 0 --seed 9"),
+        Run("ppo_vs_trl", AVX512, "5a07df0bb9ef --sizes tiny --repeats 20 --lora-r 0 --seed 19"),
+    ]
+    every = {
+        "rlhfkit": learning_parts([(base, "rlhfkit"), (rlhfkit_3_38, "rlhfkit"), (last, "rlhfkit")], "tiny"),
+        "trl": learning_parts([(base, "trl"), *((r, "trl") for r in trl_runs), (last, "trl")], "tiny"),
+    }
+    lasts = {name: learning_parts([(last, name)], "tiny") for name in ("rlhfkit", "trl")}
+    all_range, last_range = seed_range(every["rlhfkit"][0]), seed_range(lasts["rlhfkit"][0])
+    if seed_range(every["trl"][0]) != all_range:
+        raise SystemExit("tables: rlhfkit and TRL cover different seeds")
+    before = every["rlhfkit"][1]
+
+    def scores(seeds, what):
+        return [r["eval"][what] for _, r in seeds]
+
+    rows = [["SFT policy", f"{before['rm_score']:.2f}", f"{before['gold']:.2f}", f"{before['gold']:.2f}"]]
+    for name, label in (("rlhfkit", "rlhfkit"), ("trl", trl_name([r for _, r in every["trl"][0]]))):
+        rows.append(
+            [
+                label,
+                pm(mean_se(scores(every[name][0], "rm_score"))),
+                pm(mean_se(scores(every[name][0], "gold"))),
+                pm(mean_se(scores(lasts[name][0], "gold"))),
+            ]
+        )
+    a, b = every["rlhfkit"][0], every["trl"][0]
+    la, lb = lasts["rlhfkit"][0], lasts["trl"][0]
+    rows.append(
+        [
+            "rlhfkit − TRL",
+            pm(diff_se(scores(a, "rm_score"), scores(b, "rm_score")), sign="+"),
+            pm(diff_se(scores(a, "gold"), scores(b, "gold")), sign="+"),
+            pm(diff_se(scores(la, "gold"), scores(lb, "gold")), sign="+"),
+        ]
+    )
+    rows.append(
+        [
+            "seeds where rlhfkit is ahead",
+            ahead(scores(a, "rm_score"), scores(b, "rm_score")),
+            ahead(scores(a, "gold"), scores(b, "gold")),
+            ahead(scores(la, "gold"), scores(lb, "gold")),
+        ]
+    )
+    header = ["tiny, 20 steps", f"RM score, {all_range}", f"gold, {all_range}", f"gold, {last_range}"]
+    return [*table(header, rows), "", sources(base, rlhfkit_3_38, *trl_runs, last)]
+
+
+def ppo_learning_small() -> list[str]:
+    """Gold and RM gains at small over the seeds of two runs."""
+    parts = [
+        Run("ppo_vs_trl", AVX512, "23affda37e5a"),
+        Run("ppo_vs_trl", AVX512, "a3da41932fc7 --sizes small --repeats 10 --lora-r 0 --seed 3"),
+    ]
+    got = {name: learning_parts([(r, name) for r in parts], "small") for name in ("rlhfkit", "trl")}
+    gains = {
+        name: {what: [r["eval"][what] - before[what] for _, r in seeds] for what in ("gold", "rm_score")}
+        for name, (seeds, before) in got.items()
+    }
+    rows = [
+        [label, pm(mean_se(gains[name]["gold"])), pm(mean_se(gains[name]["rm_score"]))]
+        for name, label in (("rlhfkit", "rlhfkit"), ("trl", trl_name([r for _, r in got["trl"][0]])))
+    ]
+    rows.append(
+        [
+            "rlhfkit − TRL",
+            pm(diff_se(gains["rlhfkit"]["gold"], gains["trl"]["gold"]), sign="+"),
+            pm(diff_se(gains["rlhfkit"]["rm_score"], gains["trl"]["rm_score"]), sign="+"),
+        ]
+    )
+    header = [f"small, 20 steps, {seed_range(got['rlhfkit'][0])}", "gold gain", "RM gain"]
+    return [*table(header, rows), "", sources(*parts)]
+
+
+# ---- GRPO against TRL --------------------------------------------------------------------------------
+def grpo_table() -> list[str]:
+    main = Run("grpo_vs_trl", AVX2, "30d9947d964f --seeds 10")
+    eager = Run("grpo_vs_trl", AVX2, "30d9947d964f --sizes tiny --repeats 5 --compile-decode '' --skip-trl")
+    compiled = {x.strip() for x in main["args"].get("compile_decode", "").split(",") if x.strip()}
+    rows = []
+
+    def add(run: Run, size: str, name: str, label: str) -> None:
+        runs = run["sizes"][size]["runs"][name]
+        step = [r["step_s"] for r in runs]
+        rows.append(
+            [
+                size,
+                label,
+                len(runs),
+                pm(mean_std(step), 3),
+                f"{min(step):.3f}",
+                pm(mean_std([r["tokens_per_s"] for r in runs]), 0),
+                pm(mean_std([r["peak_rss_mb"] for r in runs]), 0),
+                pm(mean_se([r["train_gain"] for r in runs]), sign="+"),
+                pm(mean_se([r["heldout_gain"] for r in runs]), sign="+"),
+            ]
+        )
+
+    for size, res in main["sizes"].items():
+        for name, runs in res["runs"].items():
+            label = "rlhfkit" if name == "rlhfkit" else trl_name(runs)
+            if name == "rlhfkit" and size in compiled:
+                label += ", `--compile-decode`"
+            add(main, size, name, label)
+            if name == "rlhfkit" and size in eager["sizes"]:
+                add(eager, size, "rlhfkit", "rlhfkit, without it")
+    header = ["size", "run", "seeds", "s/step", "best", "tokens/s", "peak RSS MB", "train gain", "held-out gain"]
+    return [*table(header, rows), "", sources(main, eager)]
+
+
+# ---- the speed summary ---------------------------------------------------------------------------------
+def speed_rows(run: Run, benchmark: str, digits: int) -> list[list]:
+    rows = []
+    for size, res in run["sizes"].items():
+        mine, trl = res["runs"]["rlhfkit"], res["runs"]["trl"]
+        step_a = mean_std([r["step_s"] for r in mine])[0]
+        step_b = mean_std([r["step_s"] for r in trl])[0]
+        rss_a = mean_std([r["peak_rss_mb"] for r in mine])[0]
+        rss_b = mean_std([r["peak_rss_mb"] for r in trl])[0]
+        params = res["models"]["params"] / 1e6
+        rows.append(
+            [
+                f"{benchmark} against {trl_name(trl)}",
+                f"{size} ({params:.2f}M)",
+                cpu_label(run.machine),
+                len(mine),
+                f"{step_a:.{digits}f}",
+                f"{step_b:.{digits}f}",
+                f"**{step_b / step_a:.2f}×**",
+                f"{rss_a / rss_b:.2f}",
+            ]
+        )
+    return rows
+
+
+def speed(compact: bool = False) -> list[str]:
+    """TRL's mean seconds per step over rlhfkit's, per benchmark, model size and machine. ``compact``: without
+    the step times and the runs' names (the README's version; this page's names the runs)."""
+    ppo_avx2 = Run("ppo_vs_trl", AVX2, "ded3a7111ca7")
+    ppo_avx512 = Run("ppo_vs_trl", AVX512, "23affda37e5a")
+    grpo = Run("grpo_vs_trl", AVX2, "30d9947d964f --seeds 10")
+    runs = (ppo_avx512, ppo_avx2, grpo)
+    if any(run["args"].get("bf16") for run in runs):
+        raise SystemExit("tables: the speed table compares fp32 runs")
+    rows = speed_rows(ppo_avx512, "PPO", 2) + speed_rows(ppo_avx2, "PPO", 2) + speed_rows(grpo, "GRPO", 3)
+    header = ["benchmark", "model", "CPU", "seeds", "rlhfkit s/step", "TRL s/step", "speed-up", "peak RSS ÷ TRL's"]
+    threads = sorted({run["machine"]["threads"] for run in runs})
+    compiled = grpo["args"].get("compile_decode")
+    note = (
+        f"fp32, {'/'.join(map(str, threads))} threads; speed-up: TRL's seconds per step ÷ rlhfkit's (each run's "
+        "median step time, mean over its seeds)"
+        + (f"; GRPO's rlhfkit runs at {compiled} sample with `--compile-decode`." if compiled else ".")
+    )
+    if compact:
+        keep = [0, 1, 2, 6, 7]
+        return [*table([header[i] for i in keep], [[r[i] for i in keep] for r in rows]), "", wrap(note)]
+    return [*table(header, rows), "", wrap(note), sources(*runs)]
+
+
+# ---- where a PPO step goes ------------------------------------------------------------------------------
+PARTS = [  # (row, buckets of profile_ppo.py summed into it)
+    ("generate (KV-cache loop)", ["generate"]),
+    ("score (decode + RM forward)", ["score"]),
+    ("rollout forwards (policy + value; epoch 1's forward)", ["rollout forwards"]),
+    ("reference forward", ["reference forward"]),
+    ("advantages, misc", ["advantages, misc"]),
+    ("PPO epochs: train forward (epochs 2–4)", ["train forward"]),
+    ("PPO epochs: backward", ["backward"]),
+    ("PPO epochs: optimizer", ["optimizer"]),
+    ("loss math + Python overhead", ["loss math", "update overhead", "step overhead", "loop overhead"]),
+]
+UPDATE = ["train forward", "loss math", "backward", "optimizer", "update overhead"]
+
+
+def profile_runs() -> list[Run]:
+    return [
+        Run("profile_ppo", AVX512, "2e37363370a5"),
+        Run("profile_ppo", AVX512, "570df7a3f149 --size small"),
+    ]
+
+
+def profile_parts() -> list[str]:
+    runs = profile_runs()
+    rows = []
+    for label, buckets in PARTS:
+        cells = [label]
+        for run in runs:
+            s = sum(run["median_s"][b] for b in buckets)
+            cells += [f"{s:.3f}", f"{s / run['step_s']:.0%}"]
+        rows.append(cells)
+    rows.append(["step", *(c for run in runs for c in (f"{run['step_s']:.3f}", ""))])
+    header = ["part"] + [c for run in runs for c in (f"{run['size']} s", "share")]
+    return [*table(header, rows), "", sources(*runs)]
+
+
+def profile_floor() -> list[str]:
+    runs = profile_runs()
+    phases = [  # (row, the phase's key in "flops" and "floor_s", the buckets its measured time sums)
+        ("generate", "generate", ["generate"]),
+        ("score", "score", ["score"]),
+        ("rollout forwards", "rollout forwards", ["rollout forwards"]),
+        ("reference forward", "reference forward", ["reference forward"]),
+        ("update (4 epochs)", "update", UPDATE),
+    ]
+
+    def gflop(run: Run, flops: float) -> str:
+        return f"{flops / 1e9:.{2 if sum(run['flops'].values()) < 1e10 else 1}f}"
+
+    rows = []
+    for label, phase, buckets in phases:
+        cells = [label]
+        for run in runs:
+            measured, floor = sum(run["median_s"][b] for b in buckets), run["floor_s"][phase]
+            cells += [gflop(run, run["flops"][phase]), f"{floor:.3f}", f"{measured / floor:.1f}×"]
+        rows.append(cells)
+    cells = ["step"]
+    for run in runs:
+        floor = sum(run["floor_s"].values())
+        cells += [gflop(run, sum(run["flops"].values())), f"{floor:.3f}", f"{run['step_s'] / floor:.1f}×"]
+    rows.append(cells)
+    header = ["phase"] + [c for run in runs for c in (f"{run['size']} GFLOP", "floor s", "measured ÷ floor")]
+    return [*table(header, rows), "", sources(*runs)]
+
+
+TABLES: dict[str, Callable[[], list[str]]] = {
+    "speed": speed,
+    "speed_readme": lambda: speed(compact=True),
+    "ppo_vs_trl_avx2": lambda: ppo_table("ppo_vs_trl", AVX2, "ded3a7111ca7"),
+    "ppo_vs_trl_avx512": lambda: ppo_table("ppo_vs_trl", AVX512, "23affda37e5a"),
+    "ppo_vs_trl_bf16": lambda: ppo_table("ppo_vs_trl", AVX512, "233716b9c8b7 --sizes small --bf16", bf16=True),
+    "ppo_baseline": ppo_baseline,
+    "ppo_learning_tiny": ppo_learning_tiny,
+    "ppo_learning_small": ppo_learning_small,
+    "grpo_vs_trl": grpo_table,
+    "profile_parts": profile_parts,
+    "profile_floor": profile_floor,
+}
+
+
+def render(text: str, where: str) -> str:
+    def one(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise SystemExit(f"tables: {where} marks an unknown table {name!r}; known: {', '.join(TABLES)}")
+        return match.group(1) + "\n".join(TABLES[name]()) + "\n" + match.group(4)
+
+    return MARKER.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 where a doc differs from the files")
+    ap.add_argument("docs", nargs="*", type=Path, default=DOCS, help="the docs with marked tables")
+    args = ap.parse_args(argv)
+    stale, shown = [], set()
+    for doc in args.docs:
+        text = doc.read_text()
+        shown.update(name for _, name, _, _ in MARKER.findall(text))
+        where = doc.relative_to(ROOT).as_posix() if doc.is_relative_to(ROOT) else str(doc)
+        if text.count("<!-- table:") != len(MARKER.findall(text)):
+            raise SystemExit(f"tables: {where} has a table marker without its <!-- end -->")
+        new = render(text, where)
+        if new == text:
+            continue
+        stale.append(where)
+        if args.check:
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    text.splitlines(True), new.splitlines(True), where, where + " (from bench/reported)"
+                )
+            )
+        else:
+            doc.write_text(new)
+    unshown = [name for name in TABLES if name not in shown]
+    if args.docs == DOCS and unshown:
+        print(f"tables: no doc shows {', '.join(unshown)} (a marker was removed?)", file=sys.stderr)
+        return 1
+    if args.check and stale:
+        print(f"\ntables: {', '.join(stale)} differ from bench/reported; run: python bench/tables.py", file=sys.stderr)
+        return 1
+    if stale and not args.check:
+        print(f"tables: rewrote {', '.join(stale)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""bench/reported and the docs' result tables: the tables in docs/performance.md and README.md are what
+bench/tables.py renders from the result files, every run is filed under the machine and commit its stamp
+records, and a benchmark's new run is merged into its file beside the runs already there."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load(name: str):
+    """A bench/ script as a module (bench/ is not a package; its scripts import each other by plain name)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+tables = load("tables")
+results_file = load("results_file")
+
+
+def test_docs_tables_are_what_the_result_files_give(capsys):
+    code = tables.main(["--check"])
+    assert code == 0, capsys.readouterr().out + "\nrun: .venv/bin/python bench/tables.py"
+
+
+def test_check_fails_when_a_table_differs(tmp_path, capsys):
+    doc = tmp_path / "performance.md"
+    text = (BENCH.parent / "docs" / "performance.md").read_text()
+    assert "| tiny | TRL 1.12 | 1.11 ± 0.09 |" in text
+    doc.write_text(text.replace("| tiny | TRL 1.12 | 1.11 ± 0.09 |", "| tiny | TRL 1.12 | 1.01 ± 0.09 |"))
+    assert tables.main(["--check", str(doc)]) == 1
+    assert "+| tiny | TRL 1.12 | 1.11 ± 0.09 |" in capsys.readouterr().out
+    assert tables.main([str(doc)]) == 0  # rewrites it
+    assert doc.read_text() == text
+
+
+def test_every_run_is_filed_under_its_stamp():
+    files = sorted((BENCH / "reported").glob("*.json"))
+    assert [f.name for f in files] == ["grpo_vs_trl.json", "ppo_vs_trl.json", "profile_ppo.json"]
+    for f in files:
+        data = json.loads(f.read_text())
+        assert data["benchmark"] == f.stem
+        for machine, key, run in results_file.runs(data):
+            stamp = run["stamp"]
+            assert results_file.machine_key(stamp) == machine, (f.name, key)
+            commit = stamp["commit"]
+            assert key.split(" ")[0] == commit.removesuffix("-dirty")[:12] + ("-dirty" if "-dirty" in commit else "")
+            if stamp.get("machine_key"):  # a key not read from the CPU says where it comes from
+                assert stamp.get("machine_key_source")
+
+
+def test_run_key_names_the_options_that_differ_from_the_defaults():
+    defaults = {"sizes": "tiny,small", "steps": 20, "skip_trl": False, "compile_decode": "tiny", "out": "a.json"}
+    args = {"sizes": "tiny", "steps": 20, "skip_trl": True, "compile_decode": "", "out": "b.json"}
+    assert results_file.option_text(args, defaults) == "--sizes tiny --skip-trl --compile-decode ''"
+    assert results_file.run_key("0123456789abcdef" * 2 + "-dirty", args, defaults).startswith("0123456789ab-dirty --")
+    assert results_file.run_key("f" * 40, {"out": "c.json"}, defaults) == "f" * 12
+
+
+def test_merge_replaces_the_same_run_and_keeps_the_others(tmp_path):
+    path = tmp_path / "bench.json"
+    results_file.merge(path, "ppo_vs_trl", "cpu A", "abc", {"n": 1})
+    results_file.merge(path, "ppo_vs_trl", "cpu A", "abc --sizes tiny", {"n": 2})
+    results_file.merge(path, "ppo_vs_trl", "cpu B", "abc", {"n": 3})
+    results_file.merge(path, "ppo_vs_trl", "cpu A", "abc", {"n": 4})  # measured again
+    data = json.loads(path.read_text())
+    assert data == {
+        "benchmark": "ppo_vs_trl",
+        "machines": {"cpu A": {"abc": {"n": 4}, "abc --sizes tiny": {"n": 2}}, "cpu B": {"abc": {"n": 3}}},
+    }
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_single_run_file_is_read_as_one_run(tmp_path):
+    path = tmp_path / "old.json"
+    stamp = {
+        "commit": "f" * 40,
+        "date": "2026-01-01T00:00:00Z",
+        "machine": {"cpu": "X", "isa": "avx2", "logical_cores": 4},
+    }
+    path.write_text(json.dumps({"stamp": stamp, "sizes": {}}))
+    results_file.merge(path, "grpo_vs_trl", "X; avx2; 4 cores", "eee", {"n": 1})
+    data = json.loads(path.read_text())
+    assert data["machines"]["X; avx2; 4 cores"] == {
+        "ffffffffffff (2026-01-01T00:00:00Z)": {"stamp": stamp, "sizes": {}},
+        "eee": {"n": 1},
+    }
+
+
+def test_a_benchmark_run_is_merged_under_its_machine_and_commit(tmp_path):
+    pytest.importorskip("torch")
+    common, stamp = load("common"), load("stamp")
+    path = tmp_path / "ppo_vs_trl.json"
+    results_file.merge(path, "ppo_vs_trl", "an earlier machine", "abc", {"n": 1})
+    results = common.Results(
+        path, stamp.Stamp(), "ppo_vs_trl", {"sizes": "tiny,small", "out": "x"}, args={"sizes": "tiny", "out": str(path)}
+    )
+    results["sizes"]["tiny"] = {"runs": {}}
+    results.close()
+    data = json.loads(path.read_text())
+    machine = results_file.machine_key(results["stamp"])
+    run = data["machines"][machine][results.run_key]
+    assert results.run_key.endswith(" --sizes tiny")
+    assert run["sizes"] == {"tiny": {"runs": {}}} and run["load_after"]
+    assert data["machines"]["an earlier machine"] == {"abc": {"n": 1}}

@@ -62,7 +62,7 @@ def _supported(model) -> bool:
         return (
             not getattr(config, "add_cross_attention", False)
             and not getattr(config, "reorder_and_upcast_attn", False)
-            and all(hasattr(attn, name) for name in ("scaling", "split_size", "num_heads", "head_dim"))
+            and all(hasattr(attn, name) for name in ("split_size", "num_heads", "head_dim"))
         )
     layers = getattr(body, "layers", None)
     if layers is None or not hasattr(body, "rotary_emb") or not hasattr(body, "norm"):
@@ -74,6 +74,17 @@ def _supported(model) -> bool:
         and all(hasattr(layer.self_attn, n) for n in ("scaling", "head_dim", "q_proj", "k_proj", "v_proj", "o_proj"))
         for layer in layers
     )
+
+
+def gpt2_scaling(attn) -> float:
+    """The factor GPT-2's attention scores are multiplied by: ``attn.scaling`` where transformers keeps it (5.x),
+    else from the config flags it is made of (4.x): 1/sqrt(head_dim) when ``scale_attn_weights``, divided by
+    the layer's number when ``scale_attn_by_inverse_layer_idx``."""
+    scaling = getattr(attn, "scaling", None)
+    if scaling is not None:
+        return scaling
+    scaling = attn.head_dim**-0.5 if attn.scale_attn_weights else 1.0
+    return scaling / (attn.layer_idx + 1) if attn.scale_attn_by_inverse_layer_idx else scaling
 
 
 def _prefill_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,7 +186,7 @@ def _forward(body, layers, lm_head, rope, keys, values, ids, positions, mask, le
             attn = block.attn
             q, k, v = attn.c_attn(block.ln_1(x)).split(attn.split_size, dim=2)
             q, k, v = (t.view(batch, 1, attn.num_heads, attn.head_dim).transpose(1, 2) for t in (q, k, v))
-            out = _attend(keys[i], values[i], q, k, v, mask, attn.scaling, length, column)
+            out = _attend(keys[i], values[i], q, k, v, mask, gpt2_scaling(attn), length, column)
             x = attn.c_proj(out) + x
             x = x + block.mlp(block.ln_2(x))
         x = body.ln_f(x)

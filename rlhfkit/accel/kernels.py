@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlhfkit.cache import cache_root
+
 
 class TanhGELU(nn.Module):
     """GELU, tanh approximation, as one fused kernel."""
@@ -107,12 +109,8 @@ def decisions_file() -> Path:
     """Where the timings' verdicts are kept: ``$RLHFKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlhfkit``, else
     ``~/.cache/rlhfkit``; one file per CPU (model name and vector instruction sets: one model name covers
     machines with and without AVX-512) and torch version."""
-    if os.environ.get("RLHFKIT_CACHE_DIR"):
-        root = Path(os.environ["RLHFKIT_CACHE_DIR"])
-    else:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlhfkit"
     machine = f"{_cpu_model()}-{_cpu_isa()}-torch-{torch.__version__}"
-    return root / f"onednn-linear-{hashlib.sha1(machine.encode()).hexdigest()[:12]}.json"
+    return cache_root() / f"onednn-linear-{hashlib.sha1(machine.encode()).hexdigest()[:12]}.json"
 
 
 @functools.cache

@@ -313,18 +313,38 @@ def flat_dict(config: Any) -> dict[str, Any]:
     return {leaf.name: getattr(_get_part(config, leaf.path), leaf.name) for leaf in leaves(config)}
 
 
+PYTHON_FUNCTION = "<python function "  # how config.yaml records a callable given through the Python API
+
+
 def _describe(value: Any) -> Any:
     """A YAML-safe form of an option value: a Python callable (given through the Python API) by its name."""
     if isinstance(value, list):
         return [_describe(v) for v in value]
-    if callable(value) and not isinstance(value, str):
-        return f"<python function {getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}>"
+    if _is_function(value):
+        return f"{PYTHON_FUNCTION}{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}>"
     return value
 
 
+def _is_function(value: Any) -> bool:
+    return callable(value) and not isinstance(value, str)
+
+
 def save_config(config: Any, output_dir: str | Path) -> Path:
+    """``OUTPUT_DIR/config.yaml``: every option, flat, as ``--config`` reads it back. Python callables cannot be
+    written as YAML; they are recorded by name, with a comment on how to give them again to replay the run."""
     path = Path(output_dir) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    flat = {name: _describe(value) for name, value in flat_dict(config).items()}
-    path.write_text(yaml.safe_dump(flat, sort_keys=False), encoding="utf-8")
+    options = flat_dict(config)
+    flat = {name: _describe(value) for name, value in options.items()}
+    given_as_callables = [
+        name
+        for name, value in options.items()
+        if _is_function(value) or (isinstance(value, list) and any(map(_is_function, value)))
+    ]
+    header = "".join(
+        f"# {name}: Python callables given through the Python API, recorded by name only. To replay this run,\n"
+        f"# give them again: as FILE.py:NAME (--{name.replace('_', '-')} on the command line), or as callables.\n"
+        for name in given_as_callables
+    )
+    path.write_text(header + yaml.safe_dump(flat, sort_keys=False), encoding="utf-8")
     return path

@@ -82,7 +82,7 @@ def test_sft_and_generate_work_on_common_architectures(tmp_path, capsys, arch, w
     assert type(model).__name__ == model_class
     assert max_weight_diff(weights(out), weights(base)) > 1e-3
     assert tok.pad_token is not None  # a missing pad token was filled in and saved
-    prompt = tok("Question: what does alice want? Answer:", return_tensors="pt")
+    prompt = tok("Question: what does alice want? Answer:", return_tensors="pt", return_token_type_ids=False)
     generated = model.generate(**prompt, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
     assert generated.shape[1] > prompt["input_ids"].shape[1]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import numbers
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.config.online import OnlineRewardArgs
+from rlhfkit.config.parse import PYTHON_FUNCTION
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
 
@@ -204,6 +206,11 @@ def _weighted_sum(
 def load_function(spec: str, data_path: str = "the data") -> FunctionReward:
     """A reward from ``--reward-fn``: ``FILE.py:NAME`` (a function in a Python file), or a built-in task's
     reward: ``TASK`` (its first reward function) or ``TASK:NAME``."""
+    if spec.startswith(PYTHON_FUNCTION):  # read back from the config.yaml of a run given a callable
+        raise UserError(
+            f"{option('reward_fn', spec)}: the run this config comes from was given a Python callable, which "
+            "config.yaml records by name only; give it again, as FILE.py:NAME (or as a callable in Python)"
+        )
     location, _, name = spec.rpartition(":")
     if not location:  # no colon
         location, name = spec, ""
@@ -218,11 +225,18 @@ def _function_from_file(spec: str, path: Path, name: str) -> Callable:
     if not path.is_file():
         raise UserError(f"{option('reward_fn', spec)}: {path} does not exist")
     module_name = f"rlhfkit_reward_{abs(hash(path.resolve()))}"
+    # As `python FILE.py` would: the file's own folder is importable, so a reward file can import a helper
+    # module beside it (at import time or later, when the function runs).
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[module_name] = module
         loader_spec.loader.exec_module(module)
     except Exception as exc:  # the user's file: report why it cannot be imported, in one line
+        sys.modules.pop(module_name, None)
         detail = str(exc).splitlines()[0] if str(exc) else ""
         raise UserError(f"{option('reward_fn', spec)}: cannot import {path} ({type(exc).__name__}: {detail})") from None
     fn = getattr(module, name, None)

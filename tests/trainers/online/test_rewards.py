@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from rlhfkit.config.online import OnlineRewardArgs
 from rlhfkit.errors import UserError
@@ -74,3 +75,33 @@ def test_a_function_that_breaks_its_contract_names_itself_and_the_row():
         FunctionReward(lambda p, c, **k: "ab", "text")(batch(["a", "b"]))
     with pytest.raises(UserError, match="two rewards are named same"):
         Rewards([FunctionReward(len, "same"), FunctionReward(len, "same")], None, OnlineRewardArgs())
+
+
+def test_a_reward_file_imports_a_helper_module_beside_it(tmp_path):
+    (tmp_path / "scoring_helpers_beside.py").write_text("def bonus(text):\n    return float('thanks' in text)\n")
+    (tmp_path / "rewards.py").write_text(
+        "import scoring_helpers_beside\n\n"
+        "def polite(prompts, completions, **kwargs):\n"
+        "    return [scoring_helpers_beside.bonus(c) for c in completions]\n"
+    )
+    polite = load_function(f"{tmp_path / 'rewards.py'}:polite")
+    assert polite(batch(["thanks!", "no"]))[0].tolist() == [1.0, 0.0]
+
+
+def test_a_config_recording_a_python_callable_says_to_give_it_again(tmp_path):
+    from rlhfkit.config.commands import GRPOConfig
+    from rlhfkit.config.parse import parse_config, save_config
+
+    def exact(prompts, completions, **kwargs):
+        return [1.0] * len(completions)
+
+    config, _ = parse_config(
+        "rlhfkit grpo", GRPOConfig, ["--model", "m", "--data", "d", "--output-dir", "o", "--reward-fn", "arithmetic"]
+    )
+    config.reward.reward_fn = [exact]
+    text = save_config(config, tmp_path).read_text()
+    assert text.startswith("# reward_fn: Python callables given through the Python API, recorded by name only.")
+    assert "--reward-fn" in text.splitlines()[1]
+    recorded = yaml.safe_load(text)["reward_fn"]
+    with pytest.raises(UserError, match=r"was given a Python callable.*give it again, as FILE.py:NAME"):
+        load_function(recorded[0])

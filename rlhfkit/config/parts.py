@@ -17,7 +17,8 @@ from rlhfkit.config import options
 @dataclass
 class ModelArgs:
     model: str = ""
-    """Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files)."""
+    """Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files), or a .gguf file
+    (de-quantised to fp32 once and cached; needs `pip install 'rlhfkit[gguf]'`)."""
     trust_remote_code: bool = options.trust_remote_code()
 
 

@@ -1,5 +1,8 @@
 """Load local Hugging Face models and tokenizers: safetensors only, nothing from a hub.
 
+A model is a Hugging Face folder, or a ``.gguf`` file: that is de-quantised once into a folder in rlhfkit's
+cache (``rlhfkit.models.gguf``) and loaded from there.
+
 A missing pad token is set to EOS (so padding works); ``trust_remote_code`` is passed only when the
 user asks for it. Every ``from_pretrained`` here passes ``local_files_only=True``, so no hub is contacted.
 Each loaded model goes through ``rlhfkit.accel.prepare_model`` (the kernel swaps), here and only here.
@@ -11,11 +14,18 @@ import json
 from pathlib import Path
 
 from rlhfkit.errors import UserError, invocation
+from rlhfkit.models.gguf import dequantised_folder, is_gguf
+
+
+def model_folder(path: str, what: str = "model") -> str:
+    """The Hugging Face folder to load: ``path`` itself, or for a ``.gguf`` file its de-quantised folder."""
+    return str(dequantised_folder(path, what)) if is_gguf(path) else str(path)
 
 
 def check_model_dir(path: str, what: str = "model") -> Path:
-    """Raise a UserError unless ``path`` is a local model directory with safetensors weights."""
-    p = Path(path)
+    """Raise a UserError unless ``path`` is a local model directory with safetensors weights (or a ``.gguf``
+    file, checked and de-quantised by ``model_folder``)."""
+    p = Path(model_folder(path, what))
     if not p.exists():
         raise UserError(f"{path}: {what} directory does not exist")
     if not p.is_dir():
@@ -40,7 +50,7 @@ def check_model_dir(path: str, what: str = "model") -> Path:
 def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str = "right", what: str = "model"):
     from transformers import AutoTokenizer
 
-    check_model_dir(path, what)  # a clear message for a missing or non-model directory, before transformers'
+    path = str(check_model_dir(path, what))  # a clear message for a missing or non-model directory first
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -57,7 +67,7 @@ def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **k
     """``auto_cls.from_pretrained`` on a checked local directory (safetensors, no hub), then the kernel swaps."""
     from rlhfkit.accel import prepare_model
 
-    check_model_dir(path, what)
+    path = str(check_model_dir(path, what))
     try:
         model = auto_cls.from_pretrained(
             path, trust_remote_code=trust_remote_code, use_safetensors=True, local_files_only=True, **kwargs
@@ -94,8 +104,7 @@ def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None
     is refused before loading: transformers would give it a random two-output head."""
     from transformers import AutoModelForSequenceClassification
 
-    check_model_dir(path, "reward model")
-    lm = causal_lm_class(path)
+    lm = causal_lm_class(str(check_model_dir(path, "reward model")))
     if lm is not None:
         train = invocation("rm", model=str(path), data="PREFS.jsonl", output_dir="OUT")
         raise UserError(

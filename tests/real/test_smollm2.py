@@ -1,0 +1,135 @@
+"""What toy models cannot show, on a real chat model: the GGUF path, the chat template and its end-of-turn
+token, grouped-query attention + RoPE in the KV-cache and the packed paths with left padding, and LoRA on a
+model whose LM head is tied to its embeddings."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from rlhfkit.accel import decode as lean
+from rlhfkit.accel.packing import pack_batch
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.data.collate import pad_with_mask
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.models.forward import response_logprobs
+from rlhfkit.models.sampling import sample_responses, stop_token_ids
+
+from ..helpers import metrics, read_jsonl, run_cli, write_jsonl
+
+QUESTIONS = ["What is the capital of France?", "Name a colour.", "Write one word that rhymes with cat."]
+
+
+def chat_prompt_ids(tok, question: str) -> list[int]:
+    return encode_prompt(tok, [{"role": "user", "content": question}], 256)
+
+
+def test_gguf_file_loads_as_its_plain_folder_with_chat_template_and_end_of_turn(smollm2_gguf, smollm2_dir, smollm2):
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+
+    tok, model = smollm2
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template and "<|im_start|>" in tok.chat_template
+    assert stop_token_ids(model, tok) == [tok.convert_tokens_to_ids("<|im_end|>")]
+    from_file = load_causal_lm(str(smollm2_gguf), tokenizer=load_tokenizer(str(smollm2_gguf)))
+    plain = AutoModelForCausalLM.from_pretrained(smollm2_dir)  # no rlhfkit needed to read the folder
+    assert plain.config.model_type == "llama" and plain.config.num_key_value_heads < plain.config.num_attention_heads
+    assert plain.lm_head.weight.data_ptr() == plain.model.embed_tokens.weight.data_ptr()  # tied
+    for name, weight in plain.state_dict().items():
+        torch.testing.assert_close(from_file.state_dict()[name], weight, rtol=0, atol=0)
+    assert 130e6 < sum(p.numel() for p in plain.parameters()) < 140e6
+
+
+def test_sampler_greedy_gives_generates_tokens_with_left_padding(smollm2):
+    """The lean KV-cache decode step (GQA heads stored repeated, RoPE at mask-counted positions) against
+    transformers' own greedy generate, on a left-padded batch of chat prompts of different lengths."""
+    tok, model = smollm2
+    assert lean._supported(model)
+    prompts = [chat_prompt_ids(tok, q) for q in QUESTIONS]
+    assert len({len(p) for p in prompts}) > 1
+    torch.manual_seed(0)
+    ours = sample_responses(model, tok, prompts, GenerationArgs(max_new_tokens=12, top_k=1), len(prompts), "cpu")
+    ids, mask = pad_with_mask(prompts, tok.pad_token_id, "left")
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id
+        )
+    eos = tok.eos_token_id
+    for row, theirs in zip(ours, out[:, ids.shape[1] :].tolist()):
+        theirs = theirs[: theirs.index(eos) + 1] if eos in theirs else theirs
+        assert row == theirs
+    assert "Paris" in tok.decode(ours[0])
+
+
+def test_packed_log_probs_equal_padded_on_the_real_model(smollm2):
+    """Two chat prompts, two responses each: packed (the prompt laid out once per group) = padded."""
+    tok, model = smollm2
+    prompts = [chat_prompt_ids(tok, q) for q in QUESTIONS[:2]]
+    replies = [["Paris.", "It is Paris, of course."], ["Blue", "Green is a colour."]]
+    rows = [
+        (p, tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id])
+        for p, rs in zip(prompts, replies)
+        for r in rs
+    ]
+    prompt_ids, prompt_mask = pad_with_mask([p for p, _ in rows], tok.pad_token_id, "left")
+    response_ids, response_mask = pad_with_mask([r for _, r in rows], tok.pad_token_id, "right")
+    input_ids = torch.cat([prompt_ids, response_ids], 1)
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    n = response_ids.shape[1]
+    padded = response_logprobs(model, input_ids, attention_mask, n)
+    packed_batch = pack_batch(model, input_ids, attention_mask, tok.pad_token_id, prompt_ids.shape[1])
+    assert packed_batch is not None and len(packed_batch.input_ids) < len(rows)
+    packed = response_logprobs(model, input_ids, attention_mask, n, packed=packed_batch)
+    real = response_mask.bool()
+    torch.testing.assert_close(packed[real], padded[real], rtol=0, atol=2e-4)
+
+
+def test_lora_sft_on_chat_rows_from_the_gguf_file(smollm2_gguf, tmp_path, capsys):
+    """`rlhfkit sft --model FILE.gguf --lora-r 8` on chat rows: the loss falls, and the output is a plain
+    safetensors folder whose LM head is still tied to the embeddings and which ends replies with <|im_end|>."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    rows = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "Banana banana banana."}]}
+        for q in QUESTIONS
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows * 2)
+    out = tmp_path / "sft"
+    args = ["sft", "--model", smollm2_gguf, "--data", data, "--output-dir", out, "--lora-r", 8, "--max-steps", 6]
+    args += ["--batch-size", 3, "--learning-rate", 3e-3, "--progress", "false", "--max-length", 128]
+    code, printed, err = run_cli(capsys, *args)
+    assert code == 0, err
+    losses = [r["loss"] for r in metrics(out)]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert printed.strip().splitlines()[-1] == f"model saved to {out.resolve()}"
+    assert not list(out.glob("*.gguf")) and (out / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (
+        model.config.tie_word_embeddings
+        and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    )
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": QUESTIONS[0]}]}])
+    code, _, err = run_cli(
+        capsys,
+        "generate",
+        "--model",
+        out,
+        "--data",
+        prompts,
+        "--output",
+        tmp_path / "g.jsonl",
+        "--max-new-tokens",
+        12,
+        "--top-k",
+        1,
+    )
+    assert code == 0, err
+    reply = read_jsonl(tmp_path / "g.jsonl")[0]["response"]
+    assert "Banana" in reply, reply
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] in (
+        tok.eos_token_id,
+        [tok.eos_token_id],
+    )

@@ -169,6 +169,8 @@ class Trainables:
 def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: int, seed: int) -> Trainables:
     """AdamW + schedule over ``session.total_steps``, ``accelerate.prepare``, the data stream; on resume,
     all of them (and the model) restored from the newest checkpoint."""
+    if optim_args.gradient_checkpointing:
+        updates.enable_gradient_checkpointing(model)
     optimizer = updates.build_optimizer(model, optim_args)
     scheduler = updates.build_scheduler(optimizer, optim_args, session.total_steps)
     model, optimizer = session.accelerator.prepare(model, optimizer)

@@ -12,6 +12,21 @@ from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines
 
 
+def enable_gradient_checkpointing(*models: torch.nn.Module | None) -> None:
+    """``--gradient-checkpointing``: each Hugging Face model's layers recompute their activations in the backward
+    pass (the non-reentrant form, which needs no input that requires grad, so LoRA and frozen embeddings work).
+    PEFT wrappers and value backbones are reached through their base model."""
+    for model in filter(None, models):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not getattr(base, "supports_gradient_checkpointing", False):
+            raise UserError(f"{option('gradient_checkpointing')}: {type(base).__name__} does not support it")
+        enable = getattr(base, "activation_checkpointing_enable", None)  # the name from transformers 5.24 on
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
     """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors)."""
     params = [p for p in model.parameters() if p.requires_grad]

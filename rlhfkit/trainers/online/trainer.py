@@ -64,6 +64,9 @@ class OnlineTrainer:
             if k.target_kl is not None
             else ops.FixedKLController(k.kl_coef)
         )
+        if cfg.optim.gradient_checkpointing:
+            value = actor_critic.value_model
+            updates.enable_gradient_checkpointing(actor_critic.policy, value.backbone if value is not None else None)
         self.updates_per_step = self.policy_args.ppo_epochs * self.policy_args.num_minibatches
         optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * self.updates_per_step)
         self.optimizer = updates.build_optimizer(self.actor_critic, optim_args)

@@ -175,3 +175,25 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
     moved = max(float((w_packed[k] - start[k]).abs().max()) for k in w_packed)
     apart = max(float((w_packed[k] - w_padded[k]).abs().max()) for k in w_packed)
     assert moved > 1e-3 and apart < 0.05 * moved  # float-rounding apart (see the reuse test above), over 8 updates
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_gradient_checkpointing_gives_the_same_update(thanks_task, tmp_path, lora):
+    """PPO with the value head on the policy, full and LoRA: the same metrics and weights with the layers'
+    activations recomputed in the backward pass."""
+    from safetensors.torch import load_file
+
+    model, prompts = thanks_task
+    args = f"--model {model} --data {prompts} --max-steps 2 --lora-r {lora} --learning-rate 1e-3 {BASE}"
+    results = []
+    for checkpointing in ("false", "true"):
+        out = tmp_path / f"gc-{checkpointing}"
+        torch.manual_seed(0)
+        cfg = parse("ppo", f"{args} --gradient-checkpointing {checkpointing} --output-dir {out}")
+        train(cfg, scorer=ThanksScorer())
+        results.append((read_metrics(out), load_file(out / "model.safetensors")))
+    (rows_plain, w_plain), (rows_gc, w_gc) = results
+    for a, b in zip(rows_plain, rows_gc):
+        for key in ("loss/policy", "loss/value", "kl/ref", "reward/score"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    assert max(float((w_plain[k] - w_gc[k]).abs().max()) for k in w_plain) < 1e-5

@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         config, debug = parse_config(f"rlhfkit {name}", command.config, rest, command.summary)
         _quiet_libraries(debug)
         execute(name, config)
+        _close_process_group()
     except Preempted as exc:
         if launched_rank() == 0:
             print(str(exc), file=sys.stderr)
@@ -170,6 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: process {launched_rank()} of {launched_world()}: {type(exc).__name__}: {first}", file=sys.stderr)
         return 1
     return 0
+
+
+def _close_process_group() -> None:
+    """Under a launcher, end the process group once every process is done: left to the interpreter's exit, gloo's
+    connection threads can be torn down while a peer is still closing, which aborts the process."""
+    if launched_world() == 1:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def launched_rank() -> int:

@@ -82,4 +82,5 @@ def response_logprobs(
     """``[B, T]`` log-probs of the T response tokens of ``[left-padded prompt | response]`` rows under
     ``model`` (no gradient): the frozen reference's, or the policy's when measuring KL after training."""
     logits, _ = response_logits(model, input_ids, attention_mask, n_response, packed=packed)
-    return logprobs_from_logits(logits.float() / temperature, input_ids[:, -n_response:])
+    logits = logits.float()
+    return logprobs_from_logits(logits if temperature == 1.0 else logits / temperature, input_ids[:, -n_response:])

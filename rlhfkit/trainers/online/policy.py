@@ -89,7 +89,9 @@ class ActorCritic(nn.Module):
         logits, hidden = response_logits(
             self.policy, input_ids, attention_mask, n_response, hidden=self.value_head is not None, packed=packed
         )
-        logits = logits.float() / temperature
+        logits = logits.float()
+        if temperature != 1.0:  # at 1 no second [B, T, V] tensor
+            logits = logits / temperature
         logprobs = logprobs_from_logits(logits, input_ids[:, -n_response:])
         if self.value_head is not None:
             values = self.value_head(hidden).float()

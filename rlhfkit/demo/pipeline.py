@@ -27,7 +27,7 @@ from rlhfkit.errors import UserError
 
 console = Console(stderr=True)
 
-# Stage settings for the ~0.25M-parameter GPT-2 on 2 CPU cores (measurements in docs/demo.md, "Why these
+# Stage settings for the ~0.23M-parameter GPT-2 on 2 CPU cores (measurements in docs/demo.md, "Why these
 # settings"). SFT runs long because copying the customer's product from the prompt into the reply is learnt
 # late: after 1000 steps the model names a random product, after 3000 the right one. PPO's value function
 # starts from the reward model, as in InstructGPT (Ouyang et al. 2022): a value head on the tiny policy

@@ -11,9 +11,13 @@ probabilities block by block, writing each block of the gradient in place.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-CHUNK_ELEMENTS = 1 << 24  # logits entries per block: 64 MB in fp32
+# Logits entries per block: 64 MB in fp32. ``RLHFKIT_VOCAB_CHUNK=N`` sets it; 0 turns the block-wise path off
+# (the plain formulas everywhere), to measure what it saves.
+CHUNK_ELEMENTS = int(os.environ.get("RLHFKIT_VOCAB_CHUNK", 1 << 24)) or (1 << 62)
 
 
 def rows_per_chunk(vocab: int) -> int:

@@ -201,6 +201,10 @@ class DemoConfig:
     """support: customer-support replies, SFT -> reward model -> PPO (with and without KL) -> DPO, judged by a hidden
     gold judge; arithmetic: sums with a checkable answer, SFT -> GRPO on the exact-answer reward."""
     seed: int = options.seed(0)
+    model: str = ""
+    """A pretrained causal LM (a Hugging Face folder or a .gguf file) to run the support task on instead of the
+    built-in small model: its chat template formats the prompts, the stages are sized for it (LoRA on the
+    policy stages above 50M parameters), and --arch / --size are not used."""
     arch: Literal["gpt2", "llama"] = "gpt2"
     """Architecture of the small model the demo trains."""
     size: Literal["tiny", "small"] = "tiny"

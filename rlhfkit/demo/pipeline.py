@@ -23,46 +23,12 @@ from rich.markup import escape
 from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import DemoConfig
-from rlhfkit.errors import UserError
+from rlhfkit.demo.plan import chat_rows, plan
+from rlhfkit.errors import UserError, option
 
 console = Console(stderr=True)
 
-# Stage settings for the ~0.23M-parameter GPT-2 on 2 CPU cores (measurements in docs/demo.md, "Why these
-# settings"). SFT runs long because copying the customer's product from the prompt into the reply is learnt
-# late: after 1000 steps the model names a random product, after 3000 the right one. PPO's value function
-# starts from the reward model, as in InstructGPT (Ouyang et al. 2022): a value head on the tiny policy
-# explained almost none of the returns' variance, and the noisy advantages held PPO back.
-SETTINGS = {
-    "sft": (
-        "--max-steps 3000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine "
-        "--eval-steps 1000"
-    ),
-    "rm": "--max-steps 800 --learning-rate 5e-4 --batch-size 32 --max-grad-norm 10 --eval-steps 400",
-    "ppo": (
-        "--max-steps 60 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
-        "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 10 --sample-steps 10"
-    ),
-    "dpo": "--max-steps 400 --learning-rate 3e-4 --batch-size 16 --beta 0.1 --precompute-ref --eval-steps 200",
-}
-# The beta = 0 ablation runs longer than PPO with the penalty: over-optimisation takes more steps to show than
-# the penalised run takes to level off, and the learning rate decays linearly to 0 over --max-steps, so a 60-step
-# run without the penalty slows down just as its gold score turns. Over 100 steps its logged gold peaks early and
-# then falls below the penalised run's in every seed measured (docs/demo.md).
-NO_KL_STEPS = {"full": 100, "quick": 2}
-# Rows of task data: more than the task's defaults, so the 3000 SFT steps see each demonstration ~6 times
-# rather than 24 (less overfitting) and the reward model sees each pair about three times; 2000 held-out pairs
-# measure its accuracy (and the label-noise ceiling) to about +-0.01.
-SIZES = {"sft": 8000, "prefs_train": 8000, "prefs_eval": 2000}
-QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
-    "sft": "--max-steps 4 --batch-size 8",
-    "rm": "--max-steps 4 --batch-size 8",
-    "ppo": "--max-steps 2 --batch-size 8 --max-new-tokens 8 --gold-steps 1",
-    "dpo": "--max-steps 4 --batch-size 8",
-}
 EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
-# Samples per held-out prompt in the final evaluation: with one, a policy's mean gold score moves by about
-# ±0.2 with the sampling seed alone (100 prompts); four halve that, for ~6 s more.
-EVAL_SAMPLES_PER_PROMPT = 4
 
 
 def _run(command: str, argv: str):
@@ -187,29 +153,40 @@ def begin(
     cfg: DemoConfig, write_task_data, total: int, sizes: dict[str, int] | None = None
 ) -> tuple[Path, dict[str, str], Stages]:
     """The stages every demo starts with: the task's data files (``sizes`` overrides the task's default row
-    counts) and a small model with a tokenizer trained on the task's corpus. Returns (output dir, {data file
-    name: path}, the stage runner)."""
+    counts) and a small model with a tokenizer trained on the task's corpus, or, with ``--model``, the task's data
+    in the chat form of that model (``plan.chat_rows``). Returns (output dir, {data file name: path}, the stage
+    runner)."""
     import torch
 
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(total=total)
-    files = stages.run("task data", lambda: write_task_data(out / "data", seed=cfg.seed, sizes=sizes))
-    data = {k: str(v) for k, v in files.items()}
-    stages.run(
-        "init-model",
-        lambda: _run(
+    model = getattr(cfg, "model", "")
+
+    def task_data():
+        files = write_task_data(out / "data", seed=cfg.seed, sizes=sizes)
+        return chat_rows(files, model, out / "data" / "chat") if model else files
+
+    data = {k: str(v) for k, v in stages.run("task data", task_data).items()}
+    if not model:
+        stages.run(
             "init-model",
-            f"--corpus {data['corpus']} --output-dir {out}/base --arch {cfg.arch} --size {cfg.size} --seed {cfg.seed}",
-        ),
-    )
+            lambda: _run(
+                "init-model",
+                f"--corpus {data['corpus']} --output-dir {out}/base --arch {cfg.arch} --size {cfg.size} "
+                f"--seed {cfg.seed}",
+            ),
+        )
     return out, data, stages
 
 
 def run(cfg: DemoConfig) -> dict:
     if cfg.task == "arithmetic":
         from rlhfkit.demo import arithmetic
+
+        if cfg.model:
+            raise UserError(f"demo: {option('model')} runs the support task; the arithmetic task trains its own model")
 
         return arithmetic.run(cfg)
     from rlhfkit.config.parts import GenerationArgs
@@ -218,15 +195,17 @@ def run(cfg: DemoConfig) -> dict:
     from rlhfkit.tasks import get_judge
     from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
 
-    settings = QUICK if cfg.quick else SETTINGS
     start = time.perf_counter()
-    out, data, stages = begin(cfg, write_task_data, total=8, sizes=None if cfg.quick else SIZES)
+    run_plan = plan(cfg.quick, cfg.model)
+    settings = run_plan.settings
+    out, data, stages = begin(cfg, write_task_data, total=7 if cfg.model else 8, sizes=run_plan.sizes)
+    base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
     stages.run(
         "SFT",
         lambda: _run(
             "sft",
-            f"--model {out}/base --data {data['sft']} --eval-data {data['sft_eval']} "
+            f"--model {base} --data {data['sft']} --eval-data {data['sft_eval']} "
             f"--output-dir {out}/sft {settings['sft']} {common}",
         ),
     )
@@ -238,15 +217,13 @@ def run(cfg: DemoConfig) -> dict:
             f"--eval-data {data['prefs_eval']} --output-dir {out}/rm {settings['rm']} {common}",
         ),
     )
+    value = f"--value-model {out}/rm " if run_plan.value_model else ""
     ppo = (
-        f"--model {out}/sft --reward-model {out}/rm --value-model {out}/rm --data {data['prompts_train']} "
+        f"--model {out}/sft --reward-model {out}/rm {value}--data {data['prompts_train']} "
         f"--eval-data {data['prompts_eval']} --gold-judge support {settings['ppo']} {common}"
     )
     no_kl_name = "PPO without KL (beta = 0)"
-    no_kl = (
-        f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true "
-        f"--max-steps {NO_KL_STEPS['quick' if cfg.quick else 'full']}"
-    )
+    no_kl = f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true --max-steps {run_plan.no_kl_steps}"
     # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
     # (each stage on cfg.threads threads; a seed gives the same numbers either way).
     job = None
@@ -277,7 +254,7 @@ def run(cfg: DemoConfig) -> dict:
         from rlhfkit.data.schema import load_examples
 
         prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]
-        prompts = prompts * (1 if cfg.quick else EVAL_SAMPLES_PER_PROMPT)  # the list repeated: samples 0..99 differ
+        prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
         gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
         results = {}
         for name in ("sft", "ppo", "ppo_no_kl", "dpo"):
@@ -297,6 +274,6 @@ def run(cfg: DemoConfig) -> dict:
     results = stages.run("evaluation on held-out prompts", evaluate_all)
     prefs_eval = [json.loads(line) for line in open(data["prefs_eval"])]
     ceiling = label_noise_ceiling(prefs_eval)
-    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start, cfg.quick)
+    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start, cfg.quick, run_plan, cfg.model)
     announce_report(out)
     return summary

@@ -142,14 +142,18 @@ def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, floa
     return [ABOUT, "", shows]
 
 
-def write_report(out: Path, results: dict, ceiling: float, stages, seconds: float, quick: bool = False) -> dict:
+def write_report(
+    out: Path, results: dict, ceiling: float, stages, seconds: float, quick: bool = False, plan=None, model: str = ""
+) -> dict:
     """``stages``: the stage runner, with ``seconds`` and ``load`` (1-minute load average) per stage. ``quick``:
-    the stages ran a few steps (``--quick``); the report then says so first and draws no conclusions."""
+    the stages ran a few steps (``--quick``); the report then says so first and draws no conclusions. ``plan``:
+    the stages' settings (``rlhfkit.demo.plan.Plan``), listed at the end; ``model``: the pretrained model the run
+    started from (empty: the built-in one)."""
     stage_seconds = stages.seconds
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
     m = {name: r["metrics"] for name, r in results.items()}
-    summary = {"quick": quick, **{f"gold/{n}": m[n].get("reward/gold") for n in MODELS}}
+    summary = {"quick": quick, "model": model or "built-in", **{f"gold/{n}": m[n].get("reward/gold") for n in MODELS}}
     summary.update({f"rm_score/{n}": m[n].get("reward/score") for n in MODELS})
     summary.update({f"kl/{n}": m[n].get("kl/ref") for n in MODELS if n != "sft"})
     summary.update({f"length/{n}": m[n].get("response/length") for n in MODELS})
@@ -175,6 +179,7 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
         "# rlhfkit demo: customer-support replies",
         "",
         *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak)),
+        *(["", f"Started from the pretrained model `{model}` rather than the built-in small one."] if model else []),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
@@ -239,6 +244,11 @@ def write_report(out: Path, results: dict, ceiling: float, stages, seconds: floa
         f"| {k}{f' (beside {beside[k]})' if k in beside else ''} | {v:.0f} | {stages.load.get(k, float('nan')):.1f} |"
         for k, v in stage_seconds.items()
     ]
+    if plan is not None:
+        lines += ["", "## Settings", ""]
+        lines += [f"- {note}" for note in plan.notes]
+        lines += [f"- {stage}: `{flags}`" for stage, flags in plan.settings.items()]
+        lines += [f"- PPO without KL: {plan.no_kl_steps} steps; {plan.eval_samples} sample(s) per held-out prompt"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     summary["plots"] = plots
     return summary

@@ -8,6 +8,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from rlhfkit.cli.main import main
 from rlhfkit.data.text_stats import distinct_n, repetition_rate, text_stats
@@ -280,3 +281,17 @@ def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path, capsys):
     assert f"in a child process beside the next stages; its log: {(tmp_path / 'h.log').resolve()}" in console
     order = [line for line in console if line.startswith(("done", "waiting"))]
     assert [line.split(" in ")[0] for line in order] == ["done help", "done meanwhile", "done after"]
+
+
+def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "demo"
+    flags = ["--output-dir", str(out), "--quick", "--progress", "false", "--model", str(tiny_model_dir)]
+    assert main(["demo", *flags]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == str(tiny_model_dir)
+    assert "init-model" not in summary["stage_seconds"] and not (out / "base").exists()
+    assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["model"] == str(tiny_model_dir)
+    report = (out / "report.md").read_text()
+    assert f"Started from the pretrained model `{tiny_model_dir}`" in report and "## Settings" in report
+    assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1
+    assert "runs the support task" in capsys.readouterr().err

@@ -133,3 +133,24 @@ def test_lora_sft_on_chat_rows_from_the_gguf_file(smollm2_gguf, tmp_path, capsys
         tok.eos_token_id,
         [tok.eos_token_id],
     )
+
+
+def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_template(smollm2_gguf, tmp_path):
+    from rlhfkit.demo.plan import LORA_ABOVE, chat_rows, plan
+    from rlhfkit.tasks.support import write_task_data
+    from rlhfkit.tasks.support.judge import gold_score
+
+    run = plan(quick=False, model=str(smollm2_gguf))
+    assert run.parameters > LORA_ABOVE and not run.value_model
+    assert all("--lora-r 16" in run.settings[stage] for stage in ("sft", "ppo", "dpo"))
+    assert "--lora-r" not in run.settings["rm"]  # the reward model's head is new: trained in full
+    files = write_task_data(tmp_path / "data", sizes={"sft": 4, "prefs_train": 4, "prefs_eval": 2})
+    chat = chat_rows(files, str(smollm2_gguf), tmp_path / "chat")
+    plain_row = json.loads(files["sft"].read_text().splitlines()[0])
+    chat_row = json.loads(chat["sft"].read_text().splitlines()[0])
+    assert chat_row["prompt"][0]["role"] == "user" and "Agent:" not in chat_row["prompt"][0]["content"]
+    assert chat_row["completion"] == plain_row["completion"].strip()
+    # the gold judge scores a reply to the chat prompt as it scores it to the plain one
+    assert gold_score(chat_row["prompt"], chat_row["completion"]) == gold_score(
+        plain_row["prompt"], plain_row["completion"]
+    )

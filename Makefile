@@ -51,9 +51,10 @@ test: install browser
 	$(BIN)/python -m pytest -n 2 -rs tests
 
 # The suite against the newest release of every dependency (torch held at TORCH_VERSION), in .venv-latest;
-# lists what differs from constraints.txt and, when tests fail, which upgrade broke which test.
+# lists what differs from constraints.txt and, when tests fail, which upgrade broke which test. TESTS=paths
+# runs only those tests.
 test-latest: browser
-	TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) $(PY) .ci/dependencies.py latest
+	TORCH_VERSION=$(TORCH_VERSION) TORCH_INDEX=$(TORCH_INDEX) TESTS="$(TESTS)" $(PY) .ci/dependencies.py latest
 
 # Record what $(VENV) has installed as the tested set (after the suite passed there).
 constraints:

@@ -3,7 +3,8 @@
 
     python3 .ci/dependencies.py freeze VENV      # rewrite constraints.txt from what VENV has installed
     python3 .ci/dependencies.py latest          # make test-latest: a fresh .venv-latest with the newest
-                                                # releases, the suite, and the upgrade behind each failure
+                                                # releases, the suite (TESTS=paths: only those), and the
+                                                # upgrade behind each failure
 
 `latest` installs torch as `make install` does (TORCH_VERSION, TORCH_INDEX) and everything else unpinned,
 lists what differs from constraints.txt, runs the suite, and when tests fail takes the upgrades one at a time:
@@ -153,7 +154,7 @@ def latest() -> int:
         return failed_tests(report)
 
     print("\nthe suite on the newest releases:", flush=True)
-    failed = run_tests(["tests"])
+    failed = run_tests(os.environ.get("TESTS", "tests").split())
     if not failed:
         print("\nthe suite passes on the newest releases; `make constraints VENV=.venv-latest` records them")
         return 0

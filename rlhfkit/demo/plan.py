@@ -108,8 +108,8 @@ def parameter_count(model: str) -> int:
 
 
 def chat_rows(files: dict[str, Path], model: str, out: Path) -> dict[str, Path]:
-    """The task's files with every prompt as a chat (one user message: the customer's words) and replies without
-    their leading space, when the model's tokenizer has a chat template; else the files as they are. The gold
+    """The task's files with every prompt as a chat (one user message: the customer's words) and every reply as
+    an assistant message, when the model's tokenizer has a chat template; else the files as they are. The gold
     judge reads the customer's message from either form."""
     from rlhfkit.data.templates import has_chat_template
     from rlhfkit.models.loading import load_tokenizer
@@ -128,7 +128,7 @@ def chat_rows(files: dict[str, Path], model: str, out: Path) -> dict[str, Path]:
             row["prompt"] = [{"role": "user", "content": customer_message(row["prompt"])}]
             for key in ("completion", "chosen", "rejected"):
                 if key in row:
-                    row[key] = row[key].strip()
+                    row[key] = [{"role": "assistant", "content": row[key].strip()}]
         converted[name] = out / path.name
         converted[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return converted

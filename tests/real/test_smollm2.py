@@ -149,8 +149,11 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
     plain_row = json.loads(files["sft"].read_text().splitlines()[0])
     chat_row = json.loads(chat["sft"].read_text().splitlines()[0])
     assert chat_row["prompt"][0]["role"] == "user" and "Agent:" not in chat_row["prompt"][0]["content"]
-    assert chat_row["completion"] == plain_row["completion"].strip()
+    assert chat_row["completion"] == [{"role": "assistant", "content": plain_row["completion"].strip()}]
     # the gold judge scores a reply to the chat prompt as it scores it to the plain one
-    assert gold_score(chat_row["prompt"], chat_row["completion"]) == gold_score(
-        plain_row["prompt"], plain_row["completion"]
-    )
+    reply = chat_row["completion"][0]["content"]
+    assert gold_score(chat_row["prompt"], reply) == gold_score(plain_row["prompt"], plain_row["completion"])
+    from rlhfkit.data.schema import load_examples
+
+    for name, kind in (("sft", "sft"), ("prefs_train", "preference"), ("prompts_eval", "prompt")):
+        assert load_examples(str(chat[name]), kind, "rlhfkit demo")  # every converted file validates

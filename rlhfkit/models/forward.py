@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
+from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch, split_head
 from rlhfkit.data.collate import SequenceBatch
-from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
+from rlhfkit.ops import entropy_from_logits, logprobs_from_logits, vocab_chunks
+from rlhfkit.ops.vocab_chunks import head_logprobs
 
 
 def next_token_logits(
@@ -75,12 +76,57 @@ def response_logits(
     return logits, states
 
 
+def fused_head(model, n_rows: int):
+    """The transformer stack and the LM head's weight when the log-probs of ``n_rows`` positions should be taken
+    without building their logits (``rlhfkit.ops.vocab_chunks.head_logprobs``): when those logits would exceed
+    one block of ``CHUNK_ELEMENTS`` entries and the head is a plain bias-free linear layer; else None."""
+    parts = split_head(model)
+    if parts is None:
+        return None
+    body, head = parts
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None  # e.g. a LoRA-adapted head: its own forward must run
+    return (body, head.weight) if n_rows * head.out_features > vocab_chunks.CHUNK_ELEMENTS else None
+
+
+def response_token_stats(
+    model,
+    input_ids,
+    attention_mask,
+    n_response: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    hidden: bool = False,
+    packed: PackedBatch | None = None,
+):
+    """Log-probs of the T response tokens of ``[left-padded prompt | response]`` rows, their entropies (or None)
+    and the last hidden states there (or None), ``[B, T]``, ``[B, T]``, ``[B, T, H]``. At a real vocabulary the
+    LM head and the log-probs run together a block of positions at a time (``fused_head``), so the ``[B, T, V]``
+    logits are never built; the numbers are the same."""
+    labels = input_ids[:, -n_response:]
+    fused = fused_head(model, labels.numel())
+    if fused is None:
+        logits, states = response_logits(model, input_ids, attention_mask, n_response, hidden=hidden, packed=packed)
+        logits = logits.float()
+        if temperature != 1.0:  # at 1 no second [B, T, V] tensor
+            logits = logits / temperature
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return logprobs_from_logits(logits, labels), entropy, states
+    body, weight = fused
+    L = input_ids.shape[1]
+    if packed is not None:
+        states = packed.gather(body(**packed.model_inputs(model)).last_hidden_state, L - n_response - 1, L - 1)
+    else:
+        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+        states = out.last_hidden_state[:, -(n_response + 1) : -1]  # position t predicts token t + 1
+    logprobs, entropy = head_logprobs(states, weight, labels, temperature, with_entropy)
+    return logprobs, entropy, states if hidden else None
+
+
 @torch.no_grad()
 def response_logprobs(
     model, input_ids, attention_mask, n_response: int, temperature: float = 1.0, packed: PackedBatch | None = None
 ) -> torch.Tensor:
     """``[B, T]`` log-probs of the T response tokens of ``[left-padded prompt | response]`` rows under
     ``model`` (no gradient): the frozen reference's, or the policy's when measuring KL after training."""
-    logits, _ = response_logits(model, input_ids, attention_mask, n_response, packed=packed)
-    logits = logits.float()
-    return logprobs_from_logits(logits if temperature == 1.0 else logits / temperature, input_ids[:, -n_response:])
+    return response_token_stats(model, input_ids, attention_mask, n_response, temperature, packed=packed)[0]

@@ -95,3 +95,67 @@ def chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 def chunked_entropy(logits: torch.Tensor) -> torch.Tensor:
     """``entropy_from_logits`` block by block: ``[..., V]`` -> float32 ``[...]``."""
     return _Entropy.apply(logits.reshape(-1, logits.shape[-1])).view(logits.shape[:-1])
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """The LM head and the log-probs (and entropy) together, a block of positions at a time: ``z = h W^T / τ``
+    per block, never the whole ``[N, V]``. The backward recomputes each block's ``z`` and probabilities, and
+    adds its part of ``dL/dh = g W / τ`` and ``dL/dW = g^T h / τ`` (``g = dL/dz``, as in the two functions above)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool):
+        n = hidden.shape[0]
+        rows = rows_per_chunk(weight.shape[0])
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, rows):
+            z = (hidden[s : s + rows] @ weight.T).float() * inv_temperature
+            lse[s : s + rows] = torch.logsumexp(z, dim=-1)
+            logprobs[s : s + rows] = z.gather(-1, labels[s : s + rows, None]).squeeze(-1) - lse[s : s + rows]
+            if with_entropy:
+                p, logp = _Entropy._block(z, lse[s : s + rows])
+                entropy[s : s + rows] = -(p * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy)
+        ctx.inv_temperature, ctx.with_entropy = inv_temperature, with_entropy
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        rows = rows_per_chunk(weight.shape[0])
+        for s in range(0, hidden.shape[0], rows):
+            h = hidden[s : s + rows]
+            z = (h @ weight.T).float() * ctx.inv_temperature
+            p, logp = _Entropy._block(z, lse[s : s + rows])
+            g_lp = grad_logprobs[s : s + rows, None]
+            g = (-p * g_lp).scatter_add_(-1, labels[s : s + rows, None], g_lp)  # d logprob / dz
+            if ctx.with_entropy and grad_entropy is not None:
+                g -= p * (logp + entropy[s : s + rows, None]) * grad_entropy[s : s + rows, None]
+            g = (g * ctx.inv_temperature).to(hidden.dtype)  # through z = raw / τ
+            if need_hidden:
+                grad_hidden[s : s + rows] = g @ weight
+            if need_weight:
+                grad_weight += (g.T @ h).float()
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``labels`` (and the entropy) under ``softmax(hidden @ weight^T / temperature)`` without building
+    the logits: ``hidden [..., H]``, ``weight [V, H]`` (a bias-free LM head), ``labels [...]`` -> float32 ``[...]``
+    each (entropy None unless asked). Values and gradients are those of ``logprobs_from_logits`` and
+    ``entropy_from_logits`` on the logits."""
+    lead = labels.shape
+    logprobs, entropy = _HeadLogprobs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), 1.0 / temperature, with_entropy
+    )
+    return logprobs.view(lead), entropy.view(lead) if with_entropy else None

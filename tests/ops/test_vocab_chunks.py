@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits, vocab_chunks
-from rlhfkit.ops.vocab_chunks import chunked_entropy, chunked_logprobs
+from rlhfkit.ops.vocab_chunks import chunked_entropy, chunked_logprobs, head_logprobs
 
 
 def plain_logprobs(logits, labels):
@@ -91,3 +91,28 @@ def test_half_precision_logits_give_float32_and_a_gradient_of_their_dtype(small_
     out.sum().backward()
     assert x.grad.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), plain_logprobs(x.detach().double(), labels), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradients(small_blocks, temperature):
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(3, 7, 16, generator=g, dtype=torch.float64)
+    weight = torch.randn(97, 16, generator=g, dtype=torch.float64) * 0.5
+    labels = torch.randint(97, (3, 7), generator=g)
+    w_lp, w_ent = torch.linspace(-1, 2, 21).view(3, 7), torch.linspace(0.5, -1, 21).view(3, 7)
+
+    def run(fused: bool):
+        h = hidden.clone().float().requires_grad_(True)
+        w = weight.clone().float().requires_grad_(True)
+        if fused:
+            lp, ent = head_logprobs(h, w, labels, temperature, with_entropy=True)
+        else:
+            logits = (h.double() @ w.double().T) / temperature
+            lp, ent = plain_logprobs(logits, labels), plain_entropy(logits)
+        ((lp * w_lp).sum() + (ent * w_ent).sum()).backward()
+        return lp.double(), ent.double(), h.grad.double(), w.grad.double()
+
+    for got, want in zip(run(True), run(False)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    lp, ent = head_logprobs(hidden.float(), weight.float(), labels)
+    assert ent is None and lp.shape == (3, 7)

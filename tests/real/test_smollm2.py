@@ -157,3 +157,34 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 
     for name, kind in (("sft", "sft"), ("prefs_train", "preference"), ("prompts_eval", "prompt")):
         assert load_examples(str(chat[name]), kind, "rlhfkit demo")  # every converted file validates
+
+
+def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2, monkeypatch):
+    """At V = 49,152 the LM head and the log-probs run together block by block (the [B, T, V] logits are never
+    built): the same log-probs, entropies and gradient into the tied embedding as the plain computation."""
+    from rlhfkit.models import forward
+    from rlhfkit.ops import vocab_chunks
+
+    tok, model = smollm2
+    prompts = [chat_prompt_ids(tok, q) for q in QUESTIONS[:2]]
+    replies = [tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in ("Paris.", "Blue, or red.")]
+    prompt_ids, prompt_mask = pad_with_mask(prompts, tok.pad_token_id, "left")
+    response_ids, response_mask = pad_with_mask(replies, tok.pad_token_id, "right")
+    input_ids, attention_mask = torch.cat([prompt_ids, response_ids], 1), torch.cat([prompt_mask, response_mask], 1)
+    n = response_ids.shape[1]
+    results = []
+    for block in (1 << 62, 3 * 49_152):  # one block for everything (the plain path), then 3 positions a block
+        monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+        assert (forward.fused_head(model, n * 2) is not None) == (block < 1 << 62)
+        model.zero_grad(set_to_none=True)
+        lp, ent, _ = forward.response_token_stats(model, input_ids, attention_mask, n, 0.7, with_entropy=True)
+        real = response_mask.bool()
+        (lp[real].sum() - 0.1 * ent[real].sum()).backward()
+        results.append((lp[real].detach(), ent[real].detach(), model.get_input_embeddings().weight.grad.clone()))
+    model.zero_grad(set_to_none=True)
+    (lp_a, ent_a, grad_a), (lp_b, ent_b, grad_b) = results
+    torch.testing.assert_close(lp_b, lp_a, rtol=0, atol=2e-4)
+    torch.testing.assert_close(ent_b, ent_a, rtol=0, atol=2e-4)
+    # float32 sums in another order: compared at a thousandth of the gradient's largest entry
+    scale = float(grad_a.abs().max())
+    assert scale > 0 and float((grad_b - grad_a).abs().max()) < 1e-3 * scale

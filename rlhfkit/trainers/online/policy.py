@@ -17,8 +17,7 @@ from torch import nn
 
 from rlhfkit.accel.packing import PackedBatch
 from rlhfkit.errors import UserError
-from rlhfkit.models.forward import position_ids, response_logits
-from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
+from rlhfkit.models.forward import position_ids, response_token_stats
 
 
 class ValueHead(nn.Module):
@@ -86,18 +85,20 @@ class ActorCritic(nn.Module):
         """Log-probs of the given response tokens, values (None without a critic) and (optionally) entropies,
         each ``[B, T]``. ``packed``: the same batch packed (``rlhfkit.accel.packing.pack_batch``), to run on
         instead."""
-        logits, hidden = response_logits(
-            self.policy, input_ids, attention_mask, n_response, hidden=self.value_head is not None, packed=packed
+        logprobs, entropy, hidden = response_token_stats(
+            self.policy,
+            input_ids,
+            attention_mask,
+            n_response,
+            temperature,
+            with_entropy,
+            hidden=self.value_head is not None,
+            packed=packed,
         )
-        logits = logits.float()
-        if temperature != 1.0:  # at 1 no second [B, T, V] tensor
-            logits = logits / temperature
-        logprobs = logprobs_from_logits(logits, input_ids[:, -n_response:])
         if self.value_head is not None:
             values = self.value_head(hidden).float()
         elif self.value_model is not None:
             values = self.value_model(input_ids, attention_mask, n_response, packed).float()
         else:
             values = None
-        entropy = entropy_from_logits(logits) if with_entropy else None
         return logprobs, values, entropy

@@ -197,3 +197,33 @@ def test_gradient_checkpointing_gives_the_same_update(thanks_task, tmp_path, lor
         for key in ("loss/policy", "loss/value", "kl/ref", "reward/score"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
     assert max(float((w_plain[k] - w_gc[k]).abs().max()) for k in w_plain) < 1e-5
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_the_lm_head_taken_block_by_block_gives_the_same_update(thanks_task, tmp_path, monkeypatch, lora):
+    """With blocks small enough that every teacher-forced pass takes the LM head and its log-probs together
+    (``response_token_stats`` without logits), PPO logs the same metrics and reaches the same weights."""
+    from safetensors.torch import load_file
+
+    from rlhfkit.models import forward
+    from rlhfkit.ops import vocab_chunks
+
+    model, prompts = thanks_task
+    args = f"--model {model} --data {prompts} --max-steps 2 --lora-r {lora} --learning-rate 1e-3 {BASE}"
+    fused_calls = []
+    head_logprobs = forward.head_logprobs
+    monkeypatch.setattr(forward, "head_logprobs", lambda *a, **k: fused_calls.append(1) or head_logprobs(*a, **k))
+    results = []
+    for block in (None, 3 * 400):  # default (the tiny vocabulary's logits fit one block), then 3 positions a block
+        if block is not None:
+            monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+        out = tmp_path / f"block-{block}"
+        torch.manual_seed(0)
+        train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())
+        results.append((read_metrics(out), load_file(out / "model.safetensors")))
+        assert bool(fused_calls) == (block is not None)
+    (rows_plain, w_plain), (rows_fused, w_fused) = results
+    for a, b in zip(rows_plain, rows_fused):
+        for key in ("loss/policy", "loss/value", "kl/ref", "policy/entropy", "reward/score"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), key
+    assert max(float((w_plain[k] - w_fused[k]).abs().max()) for k in w_plain) < 1e-4

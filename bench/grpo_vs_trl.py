@@ -196,11 +196,15 @@ def reward_gain(rewards: list[float], k: int) -> float | None:
     return statistics.mean(rewards[-k:]) - statistics.mean(rewards[:k])
 
 
-def run_rlhfkit(models, data, out: Path, steps, lr, seed, env, compile_decode: bool = False) -> dict:
+def run_rlhfkit(
+    models, data, out: Path, steps, lr, seed, env, compile_decode: bool = False, settings=None, extra=()
+) -> dict:
+    """One `rlhfkit grpo` run with ``settings`` (default SETTINGS) and ``extra`` flags after the shared ones."""
+    s = settings or SETTINGS
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
     cmd = [PYTHON, str(BENCH / "rlhfkit_runner.py"), str(result_file), "grpo", "--"]
-    flags = rlhfkit_grpo_flags(models, data, out, steps, lr, seed, SETTINGS, compile_decode)
+    flags = rlhfkit_grpo_flags(models, data, out, steps, lr, seed, s, compile_decode) + list(extra)
     m, others = measured(cmd + flags, out.parent / f"{out.name}.log", env)
     check(m, f"rlhfkit grpo ({out})")
     result = json.loads(result_file.read_text())
@@ -218,7 +222,7 @@ def run_rlhfkit(models, data, out: Path, steps, lr, seed, env, compile_decode: b
     )
     # as TRL logs them: the share of groups whose rewards are all equal, and the k3 KL to the reference per
     # completion token (rlhfkit logs the count of such groups, and the KL summed over each completion)
-    B, groups = SETTINGS["batch_size"], SETTINGS["batch_size"] // SETTINGS["num_generations"]
+    B, groups = s["batch_size"], s["batch_size"] // s["num_generations"]
     result["zero_std_fraction"] = [r.get("rollout/zero_std_groups", math.nan) / groups for r in rows]
     result["kl_per_token"] = [
         r["kl/ref_k3"] * B / max(tokens, 1) if "kl/ref_k3" in r else None
@@ -259,11 +263,14 @@ def trl_phases(steps: list[dict]) -> dict:
     return out
 
 
-def run_trl(models, data, out: Path, steps, lr, seed, env) -> dict:
+def run_trl(models, data, out: Path, steps, lr, seed, env, settings=None, spec_extra=None) -> dict:
+    """One TRL GRPOTrainer run with ``settings`` (default SETTINGS); ``spec_extra`` adds to the runner's spec
+    (``lora_r``, ``gradient_checkpointing``, ``save``: see trl_grpo_runner.py)."""
+    s = settings or SETTINGS
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     prompts, ids = prompts_and_ids(models["sft"], data["prompts_train"])
-    settings = {**SETTINGS, "learning_rate": lr, "trl_loss_type": TRL_LOSS_TYPE[SETTINGS["loss_aggregation"]]}
+    settings = {**s, "learning_rate": lr, "trl_loss_type": TRL_LOSS_TYPE[s["loss_aggregation"]]}
     spec = {
         "policy": models["sft"],
         "train_prompts": prompts,
@@ -274,6 +281,7 @@ def run_trl(models, data, out: Path, steps, lr, seed, env) -> dict:
         "steps": steps,
         "seed": seed,
         "output_dir": str(out),
+        **(spec_extra or {}),
     }
     (out / "spec.json").write_text(json.dumps(spec))
     cmd = [str(TRL_GRPO_PYTHON), str(BENCH / "trl_grpo_runner.py"), str(out / "spec.json")]

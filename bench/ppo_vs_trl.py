@@ -64,7 +64,11 @@ LORA_RSS_TARGET = 1.3  # LoRA PPO peak RSS <= this x one model's SFT footprint
 
 
 # ---- runs --------------------------------------------------------------------------------------
-def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0, bf16=False) -> dict:
+def run_rlhfkit(
+    models, data, out: Path, steps, lr, seed, lora_r=0, bf16=False, settings=None, extra=(), env=None
+) -> dict:
+    """One `rlhfkit ppo` run with ``settings`` (default common.SETTINGS), ``extra`` flags after the shared ones
+    and the environment ``env`` (default this process's)."""
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
     m = run_measured(
@@ -73,9 +77,11 @@ def run_rlhfkit(models, data, out: Path, steps, lr, seed, lora_r=0, bf16=False) 
             str(BENCH / "rlhfkit_runner.py"),
             str(result_file),
             "--",
-            *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r, bf16),
+            *rlhfkit_ppo_flags(models, data, out, steps, lr, seed, lora_r, bf16, settings),
+            *extra,
         ],
         out.parent / f"{out.name}.log",
+        env=env,
     )
     check(m, f"rlhfkit ppo ({out})")
     result = json.loads(result_file.read_text())
@@ -100,7 +106,11 @@ def prompt_ids(model_dir: str, path: Path) -> list[list[int]]:
     return [encode_prompt(tokenizer, ex.prompt, 128) for ex in load_examples(str(path), "prompt", "bench")]
 
 
-def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=False, bf16=False) -> dict:
+def run_trl(
+    models, data, out: Path, steps, lr, seed, gradient_checkpointing=False, bf16=False, settings=None, spec_extra=None
+) -> dict:
+    """One TRL PPOTrainer run with ``settings`` (default common.SETTINGS); ``spec_extra`` adds to the runner's
+    spec (``lora_r``, ``save``: see trl_runner.py)."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     spec = {
@@ -108,13 +118,14 @@ def run_trl(models, data, out: Path, steps, lr, seed, gradient_checkpointing=Fal
         "reward_model": models["rm"],
         "value_model": models["rm"],
         "train_ids": prompt_ids(models["sft"], data["prompts_train"]),
-        "eval_ids": prompt_ids(models["sft"], data["prompts_eval"])[: SETTINGS["batch_size"]],
-        "settings": {**SETTINGS, "learning_rate": lr},
+        "eval_ids": prompt_ids(models["sft"], data["prompts_eval"])[: (settings or SETTINGS)["batch_size"]],
+        "settings": {**(settings or SETTINGS), "learning_rate": lr},
         "steps": steps,
         "seed": seed,
         "output_dir": str(out),
         "gradient_checkpointing": gradient_checkpointing,
         "bf16": bf16,
+        **(spec_extra or {}),
     }
     (out / "spec.json").write_text(json.dumps(spec))
     m = run_measured(

@@ -1,12 +1,16 @@
-"""Runs Hugging Face TRL's ``GRPOTrainer`` for bench/grpo_vs_trl.py.
+"""Runs Hugging Face TRL 1.16's ``GRPOTrainer`` for bench/grpo_vs_trl.py, and its ``SFTTrainer``, ``DPOTrainer``
+and ``RewardTrainer`` for bench/real_model.py (the spec's ``"trainer"``: grpo, the default, sft, dpo or reward).
 
 Runs inside bench/.venv-trl-grpo (made by bench/setup_trl_grpo_env.sh); rlhfkit is not importable there. It
 reads a JSON spec written by grpo_vs_trl.py (the SFT policy, the training prompts as text together with the
-token ids rlhfkit encodes them to, the reward function's file and name, the shared GRPO settings), trains on
-the CPU in fp32 with transformers' generate (no vLLM), and writes:
+token ids rlhfkit encodes them to, the reward function's file and name, the shared GRPO settings; for the other
+trainers the rows as text), trains on the CPU in fp32 (GRPO with transformers' generate, no vLLM), optionally
+with LoRA (``"lora_r"``: peft on every linear layer, ``"lora_alpha"``, no dropout: rlhfkit's --lora-r) or gradient
+checkpointing (``"gradient_checkpointing"``, off unless given), and writes:
 
-    OUT/policy/            the final policy (Hugging Face format), sampled later by the benchmark
-    OUT/bench_result.json  step end times, generated tokens and TRL's own phase timings per step, TRL's
+    OUT/policy/            the final GRPO policy (Hugging Face format), sampled later by the benchmark
+                           (``"save": false`` skips it)
+    OUT/bench_result.json  step end times, generated tokens and TRL's own phase timings per step (GRPO), TRL's
                            logged metrics, start-up time, peak RSS
 
 TRL's code is not changed: step boundaries come from a ``TrainerCallback`` (trl_clock.py), and the phase
@@ -33,7 +37,16 @@ import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
-from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl import (  # noqa: E402
+    DPOConfig,
+    DPOTrainer,
+    GRPOConfig,
+    GRPOTrainer,
+    RewardConfig,
+    RewardTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 from trl.extras.profiling import ProfilingContext  # noqa: E402
 from trl_clock import StepClock  # noqa: E402
 
@@ -67,16 +80,78 @@ def load_reward(path: str, name: str):
     return getattr(module, name)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spec", help="JSON spec written by bench/grpo_vs_trl.py")
-    spec = json.loads(Path(parser.parse_args().spec).read_text())
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    out = Path(spec["output_dir"])
-    out.mkdir(parents=True, exist_ok=True)
+def lora(spec: dict, task_type: str):
+    """The peft config of rlhfkit's --lora-r with its defaults (every linear layer, no dropout), or None."""
+    if not spec.get("lora_r"):
+        return None
+    from peft import LoraConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(spec["policy"])
+    return LoraConfig(
+        r=spec["lora_r"],
+        lora_alpha=spec.get("lora_alpha", 16.0),
+        lora_dropout=0.0,
+        target_modules="all-linear",
+        task_type=task_type,
+    )
+
+
+def common_args(spec: dict, out: Path) -> dict:
+    """What every trainer here is configured with: the CPU in fp32, the optimisation settings, no saving."""
+    s = spec["settings"]
+    return dict(
+        output_dir=str(out / "trl"),
+        model_init_kwargs={"dtype": "float32"},
+        per_device_train_batch_size=s["batch_size"],
+        gradient_accumulation_steps=1,
+        max_steps=spec["steps"],
+        learning_rate=s["learning_rate"],
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=s["max_grad_norm"],
+        # TRL's default is on; rlhfkit's is off (each row names what it uses)
+        gradient_checkpointing=spec.get("gradient_checkpointing", False),
+        bf16=False,  # TRL's default is bf16 where available; fp32 as rlhfkit's --mixed-precision no
+        fp16=False,
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=spec["seed"],
+    )
+
+
+def offline_trainer(spec: dict, out: Path, tokenizer, callbacks: list):
+    """SFTTrainer, DPOTrainer or RewardTrainer on the spec's text rows (``"rows"``: prompt + completion, or prompt
+    + chosen + rejected), rows up to ``max_length`` tokens, padded (no packing, no padding-free batches)."""
+    kind, s = spec["trainer"], spec["settings"]
+    train = Dataset.from_list(spec["rows"])
+    base = common_args(spec, out)
+    if kind == "sft":
+        config = SFTConfig(**base, max_length=s["max_length"], packing=False, padding_free=False)
+        make, task = SFTTrainer, "CAUSAL_LM"
+    elif kind == "dpo":
+        config = DPOConfig(
+            **base, max_length=s["max_length"], beta=s["beta"], precompute_ref_log_probs=False, padding_free=False
+        )
+        make, task = DPOTrainer, "CAUSAL_LM"
+    elif kind == "reward":
+        config = RewardConfig(**base, max_length=s["max_length"], center_rewards_coefficient=None)
+        make, task = RewardTrainer, "SEQ_CLS"
+    else:
+        raise SystemExit(f"trl_grpo_runner: unknown trainer {kind!r}")
+    return make(
+        model=spec["policy"],
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=lora(spec, task),
+    )
+
+
+def grpo_trainer(spec: dict, out: Path, tokenizer, callbacks: list):
     # TRL tokenizes text prompts itself (``processing_class(text=prompts)``); they must become the token ids
     # rlhfkit trains on, or the two frameworks would not see the same prompts.
     encoded = tokenizer(text=spec["train_prompts"])["input_ids"]
@@ -88,11 +163,8 @@ def main() -> None:
 
     s = spec["settings"]
     config = GRPOConfig(
-        output_dir=str(out / "trl"),
-        model_init_kwargs={"dtype": "float32"},
+        **common_args(spec, out),
         # one generation batch per optimizer step: B completions (B / G prompts), one update on them
-        per_device_train_batch_size=s["batch_size"],
-        gradient_accumulation_steps=1,
         steps_per_generation=1,
         num_generations=s["num_generations"],
         num_iterations=s["ppo_epochs"],
@@ -107,42 +179,48 @@ def main() -> None:
         scale_rewards=s["scale_rewards"],
         mask_truncated_completions=False,
         disable_dropout=True,  # rlhfkit disables dropout in the policy
-        max_steps=spec["steps"],
-        learning_rate=s["learning_rate"],
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=s["max_grad_norm"],
-        gradient_checkpointing=False,  # TRL's GRPO default is on; rlhfkit does not checkpoint
-        bf16=False,  # TRL's GRPO default is bf16; fp32 as rlhfkit's --mixed-precision no
-        fp16=False,
-        use_cpu=True,
         use_vllm=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
         log_completions=False,
-        seed=spec["seed"],
     )
-    clock = StepClock()
-    phases = PhaseTimes()
-    trainer = GRPOTrainer(
+    return GRPOTrainer(
         model=spec["policy"],
         reward_funcs=[reward],
         args=config,
         train_dataset=train,
         processing_class=tokenizer,
-        callbacks=[clock, phases],
+        callbacks=callbacks,
+        peft_config=lora(spec, "CAUSAL_LM"),
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", help="JSON spec written by bench/grpo_vs_trl.py or bench/real_model.py")
+    spec = json.loads(Path(parser.parse_args().spec).read_text())
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    out = Path(spec["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    kind = spec.setdefault("trainer", "grpo")
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["policy"])
+    clock = StepClock()
+    phases = PhaseTimes()
+    if kind == "grpo":
+        trainer = grpo_trainer(spec, out, tokenizer, [clock, phases])
+    else:
+        trainer = offline_trainer(spec, out, tokenizer, [clock])
     trainer.train()
     end = time.perf_counter()
     policy = trainer.accelerator.unwrap_model(trainer.model)
-    policy.save_pretrained(out / "policy")
-    tokenizer.save_pretrained(out / "policy")
+    if kind == "grpo" and spec.get("save", True):
+        policy.save_pretrained(out / "policy")
+        tokenizer.save_pretrained(out / "policy")
+    s = spec["settings"]
     log = [row for row in trainer.state.log_history if "reward" in row]
     result = {
         "framework": "trl",
+        "trainer": kind,
         "version": trl.__version__,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -165,16 +243,19 @@ def main() -> None:
                 "scale_rewards",
                 "beta",
                 "use_bias_correction_kl",
+                "max_length",
                 "bf16",
                 "gradient_checkpointing",
                 "use_vllm",
                 "optim",
             )
+            if hasattr(trainer.args, k)
         },
+        "lora": bool(spec.get("lora_r")),
         "device": str(trainer.accelerator.device),
         "dtype": str(policy.dtype),
-        "ref_model": trainer.ref_model is not None,
-        "log": log,
+        "ref_model": getattr(trainer, "ref_model", None) is not None,
+        "log": log if kind == "grpo" else trainer.state.log_history,
     }
     (out / "bench_result.json").write_text(json.dumps(result, indent=1, default=str))
 

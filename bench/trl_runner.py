@@ -1,10 +1,12 @@
 """Runs Hugging Face TRL's PPO (``trl.experimental.ppo``) for bench/ppo_vs_trl.py.
 
 Runs inside bench/.venv-trl (made by bench/setup_trl_env.sh); rlhfkit is not importable there. It reads a
-JSON spec written by ppo_vs_trl.py (model directories, prompt token ids already encoded by rlhfkit so both
-frameworks see identical prompts, and the shared PPO settings), trains, and writes:
+JSON spec written by ppo_vs_trl.py or real_model.py (model directories, prompt token ids already encoded by
+rlhfkit so both frameworks see identical prompts, the shared PPO settings, optionally ``"lora_r"``: peft
+adapters on the policy, whose reference is then the same model with adapters off), trains, and writes:
 
-    OUT/policy/            the final policy (Hugging Face format), sampled later by the benchmark
+    OUT/policy/            the final policy (Hugging Face format), sampled later by the benchmark (``"save":
+                           false`` skips it)
     OUT/bench_result.json  step end times, generated tokens per step, start-up time, peak RSS
 
 TRL's code is not changed: step boundaries come from a ``TrainerCallback`` (trl_clock.py) and the token count
@@ -69,7 +71,18 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(spec["policy"])
     tokenizer.padding_side = "left"  # TRL generates from the collated (left-padded) queries
     policy = AutoModelForCausalLM.from_pretrained(spec["policy"])
-    ref_policy = AutoModelForCausalLM.from_pretrained(spec["policy"])
+    peft_config = None
+    if spec.get("lora_r"):  # rlhfkit's --lora-r defaults: every linear layer, no dropout; reference = adapters off
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=spec["lora_r"],
+            lora_alpha=spec.get("lora_alpha", 16.0),
+            lora_dropout=0.0,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+    ref_policy = None if peft_config else AutoModelForCausalLM.from_pretrained(spec["policy"])
     reward_model = AutoModelForSequenceClassification.from_pretrained(spec["reward_model"], num_labels=1)
     value_model = AutoModelForSequenceClassification.from_pretrained(spec["value_model"], num_labels=1)
     train = Dataset.from_dict({"input_ids": spec["train_ids"]})
@@ -122,11 +135,13 @@ def main() -> None:
         value_model=value_model,
         eval_dataset=evals,
         callbacks=[clock],
+        peft_config=peft_config,
     )
     trainer.train()
     end = time.perf_counter()
-    policy.save_pretrained(out / "policy")
-    tokenizer.save_pretrained(out / "policy")
+    if spec.get("save", True):
+        policy.save_pretrained(out / "policy")
+        tokenizer.save_pretrained(out / "policy")
     result = {
         "framework": "trl",
         "version": trl.__version__,

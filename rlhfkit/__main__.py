@@ -1,7 +1,5 @@
 """`python -m rlhfkit COMMAND ...`: the same as the `rlhfkit` command."""
 
-import sys
+from rlhfkit.cli.main import entry
 
-from rlhfkit.cli.main import main
-
-sys.exit(main())
+entry()

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -173,9 +174,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+ERROR_GRACE_S = 3.0
+
+
+def entry() -> None:
+    """The `rlhfkit` program (and `python -m rlhfkit`): ``main``, then exit with its status. Under a launcher the
+    process ends right after its output is flushed: past the end of the command, the interpreter's teardown of
+    torch.distributed's C++ state (gloo's and the store's threads) can abort a process that finished its work
+    ("terminate called without an active exception"), turning a good run into a failed one."""
+    code = main()
+    if launched_world() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code != 0 and launched_rank() != 0:
+            # the main process reports an error every process met; the launcher stops the others when the first
+            # one exits, so the rest give it a moment to print
+            time.sleep(ERROR_GRACE_S)
+        os._exit(code)
+    sys.exit(code)
+
+
 def _close_process_group() -> None:
-    """Under a launcher, end the process group once every process is done: left to the interpreter's exit, gloo's
-    connection threads can be torn down while a peer is still closing, which aborts the process."""
+    """Under a launcher, end the process group once every process is done: its last collective is then the
+    barrier here, not whatever the interpreter's teardown meets."""
     if launched_world() == 1:
         return
     import torch.distributed as dist
@@ -211,4 +232,4 @@ def _quiet_libraries(debug: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -75,7 +75,11 @@ def plan(quick: bool, model: str = "") -> Plan:
     pretrained = parameters > LORA_ABOVE
     if quick:
         settings = {k: f"{v} {LORA}" if pretrained and k != "rm" else v for k, v in QUICK.items()}
-        return Plan(settings, None, 2, 1, value_model=not pretrained, parameters=parameters)
+        # a pretrained model's every forward costs ~100x the built-in one's: few rows to score and evaluate
+        sizes = (
+            {"sft": 32, "sft_eval": 8, "prefs_train": 32, "prefs_eval": 16, "prompts_eval": 8} if pretrained else None
+        )
+        return Plan(settings, sizes, 2, 1, value_model=not pretrained, parameters=parameters)
     if pretrained:
         sizes = {"sft": 1200, "prefs_train": 1200, "prefs_eval": 400}
         notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages, value head on the policy"]

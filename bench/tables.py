@@ -368,6 +368,97 @@ def speed(compact: bool = False) -> list[str]:
     return [*table(header, rows), "", wrap(note), sources(*runs)]
 
 
+# ---- the real model (bench/real_model.py) ------------------------------------------------------------------
+REAL_MACHINE = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
+REAL_RUNS = ["a2a57db89074-dirty"]
+REAL_LABELS = {
+    "sft": "sft",
+    "rm": "rm",
+    "dpo": "dpo",
+    "grpo": "grpo, full",
+    "grpo-lora": "grpo, LoRA r=16",
+    "ppo": "ppo, full",
+    "ppo-lora": "ppo, LoRA r=16",
+}
+
+
+def real_rows() -> tuple[dict, list[Run]]:
+    """Every row of the real-model runs, by row name and framework (later runs add repeats), and the runs."""
+    runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
+    rows: dict = {}
+    for run in runs:
+        for name, by_framework in run["rows"].items():
+            for framework, results in by_framework.items():
+                rows.setdefault(name, {}).setdefault(framework, []).extend(results)
+    return rows, runs
+
+
+def real_memory() -> list[str]:
+    rows, runs = real_rows()
+
+    def rss(name: str, framework: str) -> float | None:
+        got = rows.get(name, {}).get(framework)
+        return statistics.mean(r["peak_rss_mb"] for r in got) if got else None
+
+    out = []
+    for name, label in REAL_LABELS.items():
+        mine, trl = rss(name, "rlhfkit"), rss(name, "trl")
+        if mine is None:
+            continue
+        version = trl_name(rows[name]["trl"]) if trl else ""
+        variants = [rss(f"{name} {v}", "rlhfkit") for v in ("vocab-chunk-off", "checkpointing")]
+        out.append(
+            [
+                label,
+                f"{mine:.0f}",
+                f"{trl:.0f} ({version})" if trl else "not run",
+                f"**{mine / trl:.2f}**" if trl else "",
+                *(f"{v:.0f}" if v else "not run" for v in variants),
+            ]
+        )
+    header = [
+        "command",
+        "rlhfkit peak RSS MB",
+        "TRL peak RSS MB",
+        "rlhfkit ÷ TRL",
+        "rlhfkit, `RLHFKIT_VOCAB_CHUNK=0`",
+        "rlhfkit, `--gradient-checkpointing`",
+    ]
+    return [*table(header, out), "", sources(*runs)]
+
+
+def real_speed() -> list[str]:
+    rows, runs = real_rows()
+    out = []
+    for name in ("grpo", "grpo-lora", "ppo", "ppo-lora"):
+        by_framework = rows.get(name, {})
+        mine, trl = by_framework.get("rlhfkit"), by_framework.get("trl")
+        if not mine:
+            continue
+        step_a = mean_std([r["step_s"] for r in mine])
+        step_b = mean_std([r["step_s"] for r in trl]) if trl else None
+        others = [r["others_busy_cores"] for r in (mine + (trl or [])) if r.get("others_busy_cores") is not None]
+        out.append(
+            [
+                REAL_LABELS[name],
+                f"{len(mine)} / {len(trl or [])}",
+                pm(step_a, 1),
+                pm(step_b, 1) if step_b else "not run",
+                f"**{step_b[0] / step_a[0]:.2f}×**" if step_b else "",
+                f"{statistics.mean(others):.1f} (max {max(others):.1f})" if others else "",
+            ]
+        )
+    header = [
+        "algorithm",
+        "runs (rlhfkit / TRL)",
+        "rlhfkit s/step",
+        "TRL s/step",
+        "speed-up",
+        "cores busy with other work",
+    ]
+    return [*table(header, out), "", sources(*runs)]
+
+
 # ---- where a PPO step goes ------------------------------------------------------------------------------
 PARTS = [  # (row, buckets of profile_ppo.py summed into it)
     ("generate (KV-cache loop)", ["generate"]),
@@ -443,6 +534,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "ppo_learning_tiny": ppo_learning_tiny,
     "ppo_learning_small": ppo_learning_small,
     "grpo_vs_trl": grpo_table,
+    "real_memory": real_memory,
+    "real_speed": real_speed,
     "profile_parts": profile_parts,
     "profile_floor": profile_floor,
 }

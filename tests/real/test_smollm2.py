@@ -188,3 +188,28 @@ def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2
     # float32 sums in another order: compared at a thousandth of the gradient's largest entry
     scale = float(grad_a.abs().max())
     assert scale > 0 and float((grad_b - grad_a).abs().max()) < 1e-3 * scale
+
+
+def test_a_ppo_step_with_lora_and_a_value_head_on_the_tied_model(smollm2_gguf, tmp_path):
+    """PPO on the real model: LoRA adapters, a value head on the policy's hidden states, chat prompts, the
+    end-of-turn stop and the LM head taken block by block (V = 49,152). The value head learns (its loss is
+    finite and it explains something after two updates), and the merged model keeps its head tied."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.trainers.online import train
+
+    from ..trainers.online.conftest import ThanksScorer, parse, read_metrics
+
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS + QUESTIONS[:1]]
+    )
+    out = tmp_path / "ppo"
+    flags = f"--model {smollm2_gguf} --data {prompts} --output-dir {out} --reward-model none --lora-r 4 "
+    flags += "--max-steps 2 --batch-size 4 --max-new-tokens 8 --ppo-epochs 2 --progress false --learning-rate 1e-4"
+    train(parse("ppo", flags), scorer=ThanksScorer())
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(torch.isfinite(torch.tensor([r["loss/value"], r["loss/policy"], r["kl/ref"]])).all() for r in rows)
+    assert rows[-1]["loss/value"] < rows[0]["loss/value"]  # the value head fits the returns it is shown
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

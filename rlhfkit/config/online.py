@@ -77,6 +77,10 @@ class KLArgs:
     """Per-token KL estimator in the reward: k1 = lp - lp_ref, k2 = (lp - lp_ref)^2/2, k3 = exp(-d) - 1 + d."""
     kl_loss_coef: float = 0.0
     """c3: weight of a k3 KL-to-reference term added to the loss besides the penalty in the reward."""
+    ref_model: str = ""
+    """The reference of the KL terms: a causal LM folder or .gguf file with the policy's tokenizer (e.g. the SFT
+    model when the policy starts elsewhere); empty: a frozen copy of the starting policy (with LoRA: the policy's
+    backbone with its adapters off)."""
     ref_update_steps: int = 0
     """Copy the policy into the reference every N steps (0: never)."""
     log_ref_kl: bool = False
@@ -186,6 +190,11 @@ class OnlineConfig:
             raise UserError(
                 f"{option('batch_size')} must be divisible by {option('num_minibatches')} x "
                 f"{option('gradient_accumulation_steps')}"
+            )
+        if k.ref_update_steps and k.ref_model:
+            raise UserError(
+                f"{option('ref_update_steps')} copies the policy into the reference: it cannot be combined with "
+                f"{option('ref_model')}"
             )
         if k.ref_update_steps and self.lora.lora_r:
             raise UserError(

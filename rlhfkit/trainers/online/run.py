@@ -48,14 +48,19 @@ def check_split(cfg: OnlineConfig, world: int) -> None:
 
 
 def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Module | None]:
-    """Policy (+LoRA), the value function when the estimator needs one, and the frozen reference: a copy of
-    the starting policy, or None (LoRA: the backbone with adapters off; or no KL term needs a reference)."""
+    """Policy (+LoRA), the value function when the estimator needs one, and the frozen reference: --ref-model, or
+    a copy of the starting policy, or None (LoRA: the backbone with adapters off; or no KL term needs a
+    reference)."""
     policy = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     disable_dropout(policy)
     ref_model = None
+    if cfg.needs_reference and cfg.kl.ref_model:
+        ref_model = load_causal_lm(cfg.kl.ref_model, cfg.model.trust_remote_code, tokenizer)
+        disable_dropout(ref_model)
+        ref_model = ref_model.eval().requires_grad_(False)
     if cfg.lora.lora_r > 0:
         policy = apply_lora(policy, cfg.lora)
-    elif cfg.needs_reference:
+    elif cfg.needs_reference and ref_model is None:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     critic = getattr(cfg, "critic", None) if cfg.needs_critic else None
     value_model = None

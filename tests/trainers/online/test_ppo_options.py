@@ -227,3 +227,25 @@ def test_the_lm_head_taken_block_by_block_gives_the_same_update(thanks_task, tmp
         for key in ("loss/policy", "loss/value", "kl/ref", "policy/entropy", "reward/score"):
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
     assert max(float((w_plain[k] - w_fused[k]).abs().max()) for k in w_plain) < 1e-4
+
+
+@pytest.mark.parametrize("lora", [0, 4])
+def test_ref_model_sets_the_reference_of_the_kl_terms(thanks_task, tmp_path, lora):
+    """--ref-model: the starting policy's own folder gives the default run's numbers; another model (the policy's
+    base before SFT) is a different reference, so the KL at the first step, before any update, is far from 0."""
+    model, prompts = thanks_task
+    args = f"--model {model} --data {prompts} --max-steps 1 --lora-r {lora} {BASE}"
+    runs = {}
+    for name, extra in (
+        ("default", ""),
+        ("same", f"--ref-model {model}"),
+        ("base", f"--ref-model {model.parent}/base"),
+    ):
+        torch.manual_seed(0)
+        train(parse("ppo", f"{args} {extra} --output-dir {tmp_path}/{name}"), scorer=ThanksScorer())
+        runs[name] = read_metrics(tmp_path / name)[0]
+    assert runs["same"]["kl/ref"] == pytest.approx(runs["default"]["kl/ref"], abs=1e-6)
+    assert abs(runs["default"]["kl/ref"]) < 1e-4  # before the first update the policy is its own reference
+    assert runs["base"]["kl/ref"] > 1.0  # the SFT policy is far from the untrained base
+    with pytest.raises(UserError, match="ref-update-steps.*cannot be combined with --ref-model"):
+        parse("ppo", f"{args} --ref-model {model} --ref-update-steps 2 --output-dir {tmp_path}/x")

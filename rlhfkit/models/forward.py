@@ -46,8 +46,34 @@ def token_logprobs(
     return logprobs, mask, entropy
 
 
+def labelled_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, pack_sequences: bool = False
+) -> torch.Tensor | None:
+    """Log-probs ``[N]`` of the next tokens at the ``N`` positions where ``mask [B, L-1]`` is true (row-major order)
+    of right-padded ``[B, L]`` rows, the LM head run on those positions only, a block at a time (``fused_head``):
+    the ``[B, L-1, V]`` logits of every prompt and padding position are never built. None where the plain path
+    (``next_token_logits``) must run: logits within one block, a LoRA-adapted or biased head, a model whose
+    forward is intercepted. The same numbers as ``logprobs_from_logits`` on ``next_token_logits``."""
+    fused = fused_head(model, mask.numel())  # the logits the plain path would build
+    if fused is None:
+        return None
+    body, weight = fused
+    L = input_ids.shape[1]
+    packed = pack_batch(model, input_ids, attention_mask) if pack_sequences and can_pack(model) else None
+    if packed is None:
+        states = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, : L - 1]
+    else:
+        states = packed.gather(body(**packed.model_inputs(model)).last_hidden_state, 0, L - 1)
+    return head_logprobs(states[mask], weight, input_ids[:, 1:][mask])[0]
+
+
 def sequence_logprobs(model, batch: SequenceBatch, pack_sequences: bool = False) -> torch.Tensor:
     """``[B]`` sum of log-probs over each row's response tokens (DPO's log pi(y|x))."""
+    mask = batch.response_mask[:, 1:].bool()
+    logprobs = labelled_logprobs(model, batch.input_ids, batch.attention_mask, mask, pack_sequences)
+    if logprobs is not None:
+        rows = mask.nonzero()[:, 0]
+        return torch.zeros(mask.shape[0], dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
     logprobs, mask, _ = token_logprobs(model, batch, pack_sequences=pack_sequences)
     return (logprobs * mask).sum(dim=1)
 

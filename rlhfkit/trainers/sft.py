@@ -16,7 +16,7 @@ from rlhfkit.data.collate import collate_sft
 from rlhfkit.data.encode import IGNORE_INDEX, encode_sft
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.models.forward import next_token_logits
+from rlhfkit.models.forward import labelled_logprobs, next_token_logits
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.training.batches import chunks
@@ -26,7 +26,12 @@ from rlhfkit.training.session import Session
 
 def token_loss_sum(model, batch: dict, pack_sequences: bool = False) -> tuple[torch.Tensor, int]:
     """Sum of next-token cross-entropy over labelled tokens, and their count (``pack_sequences``: see
-    ``next_token_logits``)."""
+    ``next_token_logits``). At a real vocabulary the LM head runs on the labelled positions only
+    (``labelled_logprobs``): the loss is minus the sum of their log-probs, the same number."""
+    labelled = batch["labels"][:, 1:] != IGNORE_INDEX
+    logprobs = labelled_logprobs(model, batch["input_ids"], batch["attention_mask"], labelled, pack_sequences)
+    if logprobs is not None:
+        return -logprobs.sum(), int(labelled.sum())
     logits = next_token_logits(model, batch["input_ids"], batch["attention_mask"], pack_sequences)  # [B, L-1, V]
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")

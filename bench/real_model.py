@@ -43,7 +43,8 @@ import ppo_vs_trl
 import results_file
 from common import (
     BENCH,
-    SETTINGS,
+    SMOLLM2_LR,
+    SMOLLM2_PPO,
     TRL_GRPO_PYTHON,
     Results,
     check,
@@ -58,8 +59,8 @@ from stamp import Stamp, summary
 
 OFFLINE = dict(batch_size=8, max_length=256, learning_rate=1e-5, max_grad_norm=1.0, beta=0.1)
 GRPO = dict(grpo_vs_trl.SETTINGS, batch_size=16, num_generations=8, max_new_tokens=32)
-PPO = dict(SETTINGS, batch_size=16, max_new_tokens=32, ppo_epochs=1)
-LR = {"full": 1e-5, "lora": 1e-4}  # both frameworks
+PPO = SMOLLM2_PPO
+LR = SMOLLM2_LR
 LORA_R = 16
 CONTEXT = 3  # earlier exchanges put before each prompt of the offline rows
 

@@ -382,40 +382,45 @@ REAL_LABELS = {
 }
 
 
-def real_rows() -> tuple[dict, list[Run]]:
-    """Every row of the real-model runs, by row name and framework (later runs add repeats), and the runs."""
+def real_rows() -> tuple[dict, dict, list[Run]]:
+    """Every row of the real-model runs by row name and framework, a later run's row replacing an earlier one's;
+    the replaced rlhfkit rows (name -> (run, results)); and the runs."""
     runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
     rows: dict = {}
+    replaced: dict = {}
     for run in runs:
         for name, by_framework in run["rows"].items():
             for framework, results in by_framework.items():
-                rows.setdefault(name, {}).setdefault(framework, []).extend(results)
-    return rows, runs
+                if framework == "rlhfkit" and name in rows and framework in rows[name]:
+                    replaced[name] = rows[name]["_run"], rows[name][framework]
+                rows.setdefault(name, {})[framework] = results
+                rows[name]["_run"] = run
+    return rows, replaced, runs
 
 
 def real_memory() -> list[str]:
-    rows, runs = real_rows()
+    rows, replaced, runs = real_rows()
 
-    def rss(name: str, framework: str) -> float | None:
-        got = rows.get(name, {}).get(framework)
-        return statistics.mean(r["peak_rss_mb"] for r in got) if got else None
+    def rss(results) -> str:
+        return f"{statistics.mean(r['peak_rss_mb'] for r in results):.0f}" if results else "not run"
 
     out = []
     for name, label in REAL_LABELS.items():
-        mine, trl = rss(name, "rlhfkit"), rss(name, "trl")
-        if mine is None:
+        mine, trl = rows.get(name, {}).get("rlhfkit"), rows.get(name, {}).get("trl")
+        if not mine:
             continue
-        version = trl_name(rows[name]["trl"]) if trl else ""
-        variants = [rss(f"{name} {v}", "rlhfkit") for v in ("vocab-chunk-off", "checkpointing")]
-        out.append(
-            [
-                label,
-                f"{mine:.0f}",
-                f"{trl:.0f} ({version})" if trl else "not run",
-                f"**{mine / trl:.2f}**" if trl else "",
-                *(f"{v:.0f}" if v else "not run" for v in variants),
-            ]
-        )
+        ratio = statistics.mean(r["peak_rss_mb"] for r in mine) / statistics.mean(r["peak_rss_mb"] for r in trl or mine)
+        variants = [rows.get(f"{name} {v}", {}).get("rlhfkit") for v in ("vocab-chunk-off", "checkpointing")]
+        trl_label = f"{rss(trl)} ({trl_name(trl)})" if trl else "not run"
+        out.append([label, rss(mine), trl_label, f"**{ratio:.2f}**" if trl else "", *(rss(v) for v in variants)])
+        if name in replaced:
+            run, before = replaced[name]
+            ratio = statistics.mean(r["peak_rss_mb"] for r in before) / statistics.mean(
+                r["peak_rss_mb"] for r in trl or before
+            )
+            out.append(
+                [f"{label}, at `{run['stamp']['commit'][:7]}`", rss(before), "", f"{ratio:.2f}" if trl else "", "", ""]
+            )
     header = [
         "command",
         "rlhfkit peak RSS MB",
@@ -428,7 +433,7 @@ def real_memory() -> list[str]:
 
 
 def real_speed() -> list[str]:
-    rows, runs = real_rows()
+    rows, _, runs = real_rows()
     out = []
     for name in ("grpo", "grpo-lora", "ppo", "ppo-lora"):
         by_framework = rows.get(name, {})
@@ -456,6 +461,45 @@ def real_speed() -> list[str]:
         "speed-up",
         "cores busy with other work",
     ]
+    return [*table(header, out), "", sources(*runs)]
+
+
+def real_phases() -> list[str]:
+    """Where a GRPO / PPO step on the real model goes: rlhfkit's own phase times (its metrics) and TRL's (GRPO:
+    its profiling context), median over steps 2..N, mean over runs."""
+    rows, _, runs = real_rows()
+    parts = [
+        ("generate", "time/generate_s", "generate"),
+        ("score (reward)", "time/score_s", "score"),
+        ("teacher-forced passes (rollout: log-probs, reference, values)", "time/forward_s", "rollout_rest"),
+        ("update (forward with gradients, loss, backward, optimizer)", "time/update_s", None),
+    ]
+    out = []
+    names = [n for n in ("grpo", "grpo-lora", "ppo", "ppo-lora") if rows.get(n, {}).get("rlhfkit")]
+    for label, mine_key, trl_key in parts:
+        cells = [label]
+        for name in names:
+            mine, trl = rows[name]["rlhfkit"], rows[name].get("trl") or []
+            phases = [r.get("phases") or r.get("internal") or {} for r in mine]
+            cells.append(f"{statistics.mean(p.get(mine_key, math.nan) for p in phases):.1f}")
+            if name.startswith("grpo"):
+                got = [
+                    r["phases"].get(trl_key) for r in trl if trl_key and r.get("phases", {}).get(trl_key) is not None
+                ]
+                cells.append(f"{statistics.mean(got):.1f}" if got else "")
+        out.append(cells)
+    cells = ["step"]
+    for name in names:
+        cells.append(f"{mean_std([r['step_s'] for r in rows[name]['rlhfkit']])[0]:.1f}")
+        if name.startswith("grpo"):
+            trl = rows[name].get("trl") or []
+            cells.append(f"{mean_std([r['step_s'] for r in trl])[0]:.1f}" if trl else "")
+    out.append(cells)
+    header = ["seconds per step"]
+    for name in names:
+        header.append(f"rlhfkit {REAL_LABELS[name]}")
+        if name.startswith("grpo"):
+            header.append(f"TRL {REAL_LABELS[name]}")
     return [*table(header, out), "", sources(*runs)]
 
 
@@ -536,6 +580,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "grpo_vs_trl": grpo_table,
     "real_memory": real_memory,
     "real_speed": real_speed,
+    "real_phases": real_phases,
     "profile_parts": profile_parts,
     "profile_floor": profile_floor,
 }

@@ -383,18 +383,24 @@ REAL_LABELS = {
 
 
 def real_rows() -> tuple[dict, dict, list[Run]]:
-    """Every row of the real-model runs by row name and framework, a later run's row replacing an earlier one's;
-    the replaced rlhfkit rows (name -> (run, results)); and the runs."""
+    """Every row of the real-model runs by row name and framework, as a list of repeats: the runs' seeds together,
+    a later run's repeat replacing an earlier one of the same seed; the replaced rlhfkit rows (name -> (run,
+    results)); and the runs."""
     runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
-    rows: dict = {}
+    by_seed: dict = {}
     replaced: dict = {}
     for run in runs:
         for name, by_framework in run["rows"].items():
             for framework, results in by_framework.items():
-                if framework == "rlhfkit" and name in rows and framework in rows[name]:
-                    replaced[name] = rows[name]["_run"], rows[name][framework]
-                rows.setdefault(name, {})[framework] = results
-                rows[name]["_run"] = run
+                seeds = by_seed.setdefault(name, {}).setdefault(framework, {})
+                for r in results:
+                    if framework == "rlhfkit" and r["seed"] in seeds:
+                        replaced.setdefault(name, (seeds[r["seed"]][0], []))[1].append(seeds[r["seed"]][1])
+                    seeds[r["seed"]] = (run, r)
+    rows = {
+        name: {fw: [r for _, (_, r) in sorted(seeds.items())] for fw, seeds in by_framework.items()}
+        for name, by_framework in by_seed.items()
+    }
     return rows, replaced, runs
 
 
@@ -465,41 +471,52 @@ def real_speed() -> list[str]:
 
 
 def real_phases() -> list[str]:
-    """Where a GRPO / PPO step on the real model goes: rlhfkit's own phase times (its metrics) and TRL's (GRPO:
-    its profiling context), median over steps 2..N, mean over runs."""
+    """Where a GRPO / PPO step on the real model goes, median over steps 2..N, mean over runs: rlhfkit's logged phase
+    times, and for GRPO TRL's own profiling blocks: ``generate``, ``score``, the reference pass (``rollout_rest``:
+    the rest of its input preparation) with its training forward and loss (``loss``), and the rest of the step
+    (backward, optimizer, overheads)."""
     rows, _, runs = real_rows()
-    parts = [
-        ("generate", "time/generate_s", "generate"),
-        ("score (reward)", "time/score_s", "score"),
-        ("teacher-forced passes (rollout: log-probs, reference, values)", "time/forward_s", "rollout_rest"),
-        ("update (forward with gradients, loss, backward, optimizer)", "time/update_s", None),
+
+    def rlhfkit_parts(r: dict) -> list[float]:
+        p = r.get("phases") or {k.removeprefix("time/").removesuffix("_s"): v for k, v in r["internal"].items()}
+        p = {k.removeprefix("time/").removesuffix("_s"): v for k, v in p.items()}
+        parts = [p["generate"], p["score"], p["forward"], p["update"]]
+        return [*parts, r["step_s"] - sum(parts)]
+
+    def trl_parts(r: dict) -> list[float]:
+        p = r["phases"]
+        return [
+            p["generate"],
+            p["score"],
+            p["rollout_rest"] + p["loss"],
+            math.nan,
+            r["step_s"] - p["prepare"] - p["loss"],
+        ]
+
+    labels = [
+        "generate",
+        "score (reward)",
+        "teacher-forced passes: policy (with gradients) + reference",
+        "backward + optimizer (rlhfkit's update phase)",
+        "the rest (rlhfkit: overheads; TRL: backward, optimizer, overheads)",
     ]
-    out = []
-    names = [n for n in ("grpo", "grpo-lora", "ppo", "ppo-lora") if rows.get(n, {}).get("rlhfkit")]
-    for label, mine_key, trl_key in parts:
-        cells = [label]
-        for name in names:
-            mine, trl = rows[name]["rlhfkit"], rows[name].get("trl") or []
-            phases = [r.get("phases") or r.get("internal") or {} for r in mine]
-            cells.append(f"{statistics.mean(p.get(mine_key, math.nan) for p in phases):.1f}")
-            if name.startswith("grpo"):
-                got = [
-                    r["phases"].get(trl_key) for r in trl if trl_key and r.get("phases", {}).get(trl_key) is not None
-                ]
-                cells.append(f"{statistics.mean(got):.1f}" if got else "")
-        out.append(cells)
-    cells = ["step"]
-    for name in names:
-        cells.append(f"{mean_std([r['step_s'] for r in rows[name]['rlhfkit']])[0]:.1f}")
-        if name.startswith("grpo"):
-            trl = rows[name].get("trl") or []
-            cells.append(f"{mean_std([r['step_s'] for r in trl])[0]:.1f}" if trl else "")
-    out.append(cells)
-    header = ["seconds per step"]
-    for name in names:
+    columns, header = [], ["seconds per step"]
+    for name in ("grpo", "grpo-lora", "ppo", "ppo-lora"):
+        mine, trl = rows.get(name, {}).get("rlhfkit"), rows.get(name, {}).get("trl")
+        if not mine:
+            continue
+        columns.append(
+            [statistics.mean(x) for x in zip(*map(rlhfkit_parts, mine))] + [mean_std([r["step_s"] for r in mine])[0]]
+        )
         header.append(f"rlhfkit {REAL_LABELS[name]}")
-        if name.startswith("grpo"):
+        if name.startswith("grpo") and trl:
+            columns.append(
+                [statistics.mean(x) for x in zip(*map(trl_parts, trl))] + [mean_std([r["step_s"] for r in trl])[0]]
+            )
             header.append(f"TRL {REAL_LABELS[name]}")
+    out = [
+        [label, *(f"{c[i]:.1f}" if c[i] == c[i] else "" for c in columns)] for i, label in enumerate([*labels, "step"])
+    ]
     return [*table(header, out), "", sources(*runs)]
 
 
@@ -525,8 +542,8 @@ def profile_runs() -> list[Run]:
     ]
 
 
-def profile_parts() -> list[str]:
-    runs = profile_runs()
+def profile_parts(runs: list[Run] | None = None) -> list[str]:
+    runs = runs or profile_runs()
     rows = []
     for label, buckets in PARTS:
         cells = [label]
@@ -539,8 +556,8 @@ def profile_parts() -> list[str]:
     return [*table(header, rows), "", sources(*runs)]
 
 
-def profile_floor() -> list[str]:
-    runs = profile_runs()
+def profile_floor(runs: list[Run] | None = None) -> list[str]:
+    runs = runs or profile_runs()
     phases = [  # (row, the phase's key in "flops" and "floor_s", the buckets its measured time sums)
         ("generate", "generate", ["generate"]),
         ("score", "score", ["score"]),

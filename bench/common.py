@@ -193,6 +193,15 @@ def machine_busy_s() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def measured(cmd: list[str], log_file: Path, env: dict | None = None) -> tuple[Measured, float | None]:
+    """``run_measured`` and the cores that other work kept busy meanwhile (machine CPU time less the run's)."""
+    busy0 = machine_busy_s()
+    m = run_measured(cmd, log_file, env=env)
+    busy1 = machine_busy_s()
+    others = None if busy0 is None or busy1 is None else round((busy1 - busy0 - m.cpu_s) / m.wall_s, 2)
+    return m, others
+
+
 def busy_cores(seconds: float = 5.0) -> float | None:
     """Cores busy on average over the next ``seconds`` (everything running now, as a load-average-like number
     that our own finished runs do not inflate, unlike the 1-minute load average)."""

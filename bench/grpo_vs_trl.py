@@ -54,8 +54,8 @@ from common import (
     fmt,
     load_average,
     log,
-    machine_busy_s,
     mean_std,
+    measured,
     prepare,
     rss_comparable,
     run_measured,
@@ -177,15 +177,6 @@ def machine_quiet(max_load: float, max_wait_s: float, log) -> dict:
             return {"busy_cores": busy, "load_1min": load_average()[0], "waited_s": round(waited), "quiet": quiet}
         if waited < 6:
             log(f"waiting for a quiet machine: {busy} cores busy (limit {max_load:g})")
-
-
-def measured(cmd: list[str], log_file: Path, env: dict) -> tuple:
-    """``run_measured`` and the cores that other work kept busy meanwhile (machine CPU time less the run's)."""
-    busy0 = machine_busy_s()
-    m = run_measured(cmd, log_file, env=env)
-    busy1 = machine_busy_s()
-    others = None if busy0 is None or busy1 is None else round((busy1 - busy0 - m.cpu_s) / m.wall_s, 2)
-    return m, others
 
 
 def reward_gain(rewards: list[float], k: int) -> float | None:

@@ -49,6 +49,7 @@ from common import (
     load_average,
     log,
     mean_std,
+    measured,
     prepare,
     rlhfkit_cmd,
     rlhfkit_ppo_flags,
@@ -71,7 +72,7 @@ def run_rlhfkit(
     and the environment ``env`` (default this process's)."""
     shutil.rmtree(out, ignore_errors=True)
     result_file = out.parent / f"{out.name}.result.json"
-    m = run_measured(
+    m, others = measured(
         [
             PYTHON,
             str(BENCH / "rlhfkit_runner.py"),
@@ -85,7 +86,7 @@ def run_rlhfkit(
     )
     check(m, f"rlhfkit ppo ({out})")
     result = json.loads(result_file.read_text())
-    result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s, policy=str(out))
+    result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s, others_busy_cores=others, policy=str(out))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     result["internal"] = {
         k: statistics.median(r[k] for r in rows[1:] if k in r)
@@ -128,12 +129,12 @@ def run_trl(
         **(spec_extra or {}),
     }
     (out / "spec.json").write_text(json.dumps(spec))
-    m = run_measured(
+    m, others = measured(
         [str(TRL_PYTHON), str(BENCH / "trl_runner.py"), str(out / "spec.json")], out.parent / f"{out.name}.log"
     )
     check(m, f"TRL ppo ({out})")
     result = json.loads((out / "bench_result.json").read_text())
-    result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s)
+    result.update(peak_rss_mb=m.peak_rss_mb, process_wall_s=m.wall_s, others_busy_cores=others)
     result["reward_score_per_step"] = [r.get("objective/scores") for r in result.pop("log") if "objective/scores" in r]
     return result
 

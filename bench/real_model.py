@@ -50,6 +50,7 @@ from common import (
     check,
     log,
     mean_std,
+    measured,
     prepare,
     rlhfkit_cmd,
     smollm2_models,
@@ -178,7 +179,7 @@ def run_offline(framework, command, models, offline, out: Path, steps, seed, env
     data = offline["sft" if command == "sft" else "prefs"]
     if framework == "rlhfkit":
         cmd = rlhfkit_cmd(*offline_flags(command, models, data["file"], out, steps, seed), *extra)
-        m, others = grpo_vs_trl.measured(cmd, out.parent / f"{out.name}.log", env)
+        m, others = measured(cmd, out.parent / f"{out.name}.log", env)
         check(m, f"rlhfkit {command} ({out})")
         result = {"framework": "rlhfkit"}
     else:
@@ -194,7 +195,7 @@ def run_offline(framework, command, models, offline, out: Path, steps, seed, env
         }
         (out / "spec.json").write_text(json.dumps(spec))
         cmd = [str(TRL_GRPO_PYTHON), str(BENCH / "trl_grpo_runner.py"), str(out / "spec.json")]
-        m, others = grpo_vs_trl.measured(cmd, out.parent / f"{out.name}.log", env)
+        m, others = measured(cmd, out.parent / f"{out.name}.log", env)
         check(m, f"TRL {command} ({out})")
         result = json.loads((out / "bench_result.json").read_text())
         result.pop("log", None)

@@ -370,7 +370,12 @@ def speed(compact: bool = False) -> list[str]:
 
 # ---- the real model (bench/real_model.py) ------------------------------------------------------------------
 REAL_MACHINE = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
-REAL_RUNS = ["a2a57db89074-dirty"]
+REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one of the same seed
+    "a2a57db89074-dirty",
+    "333e14c097d8 --rows 'sft,dpo,sft vocab-chunk-off,sft checkpointing,dpo checkpointing,rm checkpointing,ppo "
+    "vocab-chunk-off,ppo checkpointing'",
+    "c77d13f88f7e-dirty --repeats 2 --seed 1 --rows grpo,ppo,grpo-lora,ppo-lora",
+]
 REAL_LABELS = {
     "sft": "sft",
     "rm": "rm",

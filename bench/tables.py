@@ -501,7 +501,7 @@ def real_phases() -> list[str]:
     labels = [
         "generate",
         "score (reward)",
-        "teacher-forced passes: policy (with gradients) + reference",
+        "teacher-forced passes: policy with gradients (PPO: and the value model), reference",
         "backward + optimizer (rlhfkit's update phase)",
         "the rest (rlhfkit: overheads; TRL: backward, optimizer, overheads)",
     ]
@@ -568,7 +568,7 @@ def profile_floor(runs: list[Run] | None = None) -> list[str]:
         ("score", "score", ["score"]),
         ("rollout forwards", "rollout forwards", ["rollout forwards"]),
         ("reference forward", "reference forward", ["reference forward"]),
-        ("update (4 epochs)", "update", UPDATE),
+        ("update (the PPO epochs)", "update", UPDATE),
     ]
 
     def gflop(run: Run, flops: float) -> str:
@@ -603,6 +603,9 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_memory": real_memory,
     "real_speed": real_speed,
     "real_phases": real_phases,
+    "real_profile_floor": lambda: profile_floor(
+        [Run("profile_ppo", REAL_MACHINE, "a91f608078eb-dirty --size smollm2 --steps 3 --threads 2")]
+    ),
     "profile_parts": profile_parts,
     "profile_floor": profile_floor,
 }

@@ -21,8 +21,9 @@ included), one after the other, each started when the machine is quiet (grpo_vs_
   ppo            rlhfkit and TRL 1.12 PPOTrainer (ppo_vs_trl.py's run functions, common.SETTINGS but one PPO epoch),
                  16 completions of 32 new tokens; full (a separate value model, as TRL) and LoRA r=16 (rlhfkit: one
                  backbone with a value head; TRL: adapters on the policy, its separate value model in full).
-  variants       rlhfkit with RLHFKIT_VOCAB_CHUNK=0 (the block-wise log-probs / entropy over the vocabulary off) and
-                 with --gradient-checkpointing, where they apply, --memory-steps steps.
+  variants       rlhfkit with RLHFKIT_VOCAB_CHUNK=0 (the block-wise log-probs / entropy over the vocabulary off),
+                 with --gradient-checkpointing, where they apply, and GRPO with RLHFKIT_ACCEL=0 (rlhfkit.accel's
+                 kernel swaps and lean decode step off), --memory-steps steps.
 
 grpo and ppo rows run --steps steps, --repeats times (seed, seed+1, ...); seconds per step = median over steps
 2..N of the time between step ends (common.step_stats). The run carries a stamp (bench/stamp.py) and the machine's
@@ -66,7 +67,8 @@ LORA_R = 16
 CONTEXT = 3  # earlier exchanges put before each prompt of the offline rows
 
 # (row, command, mode, variant): mode full or lora; variant "" (the comparison with TRL), "vocab-chunk-off"
-# (RLHFKIT_VOCAB_CHUNK=0) or "checkpointing" (--gradient-checkpointing), the last two rlhfkit only.
+# (RLHFKIT_VOCAB_CHUNK=0), "checkpointing" (--gradient-checkpointing) or "accel-off" (RLHFKIT_ACCEL=0: no kernel
+# swaps, no lean decode step), the last three rlhfkit only.
 ROWS = [
     ("sft", "sft", "full", ""),
     ("rm", "rm", "full", ""),
@@ -84,6 +86,7 @@ ROWS = [
     ("ppo vocab-chunk-off", "ppo", "full", "vocab-chunk-off"),
     ("ppo checkpointing", "ppo", "full", "checkpointing"),
     ("rm checkpointing", "rm", "full", "checkpointing"),
+    ("grpo accel-off", "grpo", "full", "accel-off"),
 ]
 ONLINE = ("grpo", "ppo")
 
@@ -210,6 +213,8 @@ def run_row(row: tuple, framework: str, models, data, offline, work: Path, steps
     extra: list[str] = []
     if variant == "vocab-chunk-off":
         env["RLHFKIT_VOCAB_CHUNK"] = "0"
+    if variant == "accel-off":
+        env["RLHFKIT_ACCEL"] = "0"
     if variant == "checkpointing":
         extra = ["--gradient-checkpointing", "true"]
     out = work / "smollm2" / "runs" / f"{name.replace(' ', '-')}-{framework}-s{seed}"

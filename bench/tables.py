@@ -375,6 +375,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "333e14c097d8 --rows 'sft,dpo,sft vocab-chunk-off,sft checkpointing,dpo checkpointing,rm checkpointing,ppo "
     "vocab-chunk-off,ppo checkpointing'",
     "c77d13f88f7e-dirty --repeats 2 --seed 1 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "89da4d6c93b6 --rows 'grpo accel-off'",
 ]
 REAL_LABELS = {
     "sft": "sft",
@@ -422,8 +423,11 @@ def real_memory() -> list[str]:
             continue
         ratio = statistics.mean(r["peak_rss_mb"] for r in mine) / statistics.mean(r["peak_rss_mb"] for r in trl or mine)
         variants = [rows.get(f"{name} {v}", {}).get("rlhfkit") for v in ("vocab-chunk-off", "checkpointing")]
+        cells = [rss(v) for v in variants]
+        if name == "rm":
+            cells[0] = "no LM head"
         trl_label = f"{rss(trl)} ({trl_name(trl)})" if trl else "not run"
-        out.append([label, rss(mine), trl_label, f"**{ratio:.2f}**" if trl else "", *(rss(v) for v in variants)])
+        out.append([label, rss(mine), trl_label, f"**{ratio:.2f}**" if trl else "", *cells])
         if name in replaced:
             run, before = replaced[name]
             ratio = statistics.mean(r["peak_rss_mb"] for r in before) / statistics.mean(
@@ -440,7 +444,15 @@ def real_memory() -> list[str]:
         "rlhfkit, `RLHFKIT_VOCAB_CHUNK=0`",
         "rlhfkit, `--gradient-checkpointing`",
     ]
-    return [*table(header, out), "", sources(*runs)]
+    notes = []
+    off, trl = rows.get("grpo accel-off", {}).get("rlhfkit"), rows.get("grpo", {}).get("trl")
+    if off and trl:
+        mb = statistics.mean(r["peak_rss_mb"] for r in off)
+        ratio = mb / statistics.mean(r["peak_rss_mb"] for r in trl)
+        notes.append(
+            f"GRPO (full) with `RLHFKIT_ACCEL=0` (no kernel swaps, no lean decode step): {mb:.0f} MB, {ratio:.2f}× TRL's."
+        )
+    return [*table(header, out), "", *(wrap(n) for n in notes), sources(*runs)]
 
 
 def real_speed() -> list[str]:

@@ -354,12 +354,40 @@ def speed(compact: bool = False) -> list[str]:
     if any(run["args"].get("bf16") for run in runs):
         raise SystemExit("tables: the speed table compares fp32 runs")
     rows = speed_rows(ppo_avx512, "PPO", 2) + speed_rows(ppo_avx2, "PPO", 2) + speed_rows(grpo, "GRPO", 3)
+    real, _, real_runs = real_rows() if not compact else ({}, {}, [])  # the README keeps the benchmark models
+    for name, benchmark in (("ppo", "PPO"), ("ppo-lora", "PPO"), ("grpo", "GRPO"), ("grpo-lora", "GRPO")):
+        if name not in real:
+            continue
+        mine, trl = real[name]["rlhfkit"], real[name]["trl"]
+        step_a, step_b = (mean_std([r["step_s"] for r in x])[0] for x in (mine, trl))
+        rss_a, rss_b = (mean_std([r["peak_rss_mb"] for r in x])[0] for x in (mine, trl))
+        params = real_runs[0]["models"]["params"] / 1e6
+        lora = ", LoRA r=16" if name.endswith("lora") else ""
+        rows.append(
+            [
+                f"{benchmark} against {trl_name(trl)}",
+                f"SmolLM2-135M ({params:.1f}M){lora}",
+                cpu_label(REAL_MACHINE),
+                len(mine),
+                f"{step_a:.1f}",
+                f"{step_b:.1f}",
+                f"**{step_b / step_a:.2f}×**",
+                f"{rss_a / rss_b:.2f}",
+            ]
+        )
+    runs = (*runs, *real_runs)
     header = ["benchmark", "model", "CPU", "seeds", "rlhfkit s/step", "TRL s/step", "speed-up", "peak RSS ÷ TRL's"]
     threads = sorted({run["machine"]["threads"] for run in runs})
     compiled = grpo["args"].get("compile_decode")
     note = (
         f"fp32, {'/'.join(map(str, threads))} threads; speed-up: TRL's seconds per step ÷ rlhfkit's (each run's "
         "median step time, mean over its seeds)"
+        + (
+            ""
+            if compact
+            else "; SmolLM2: 16 completions of 32 tokens per step, PPO with one epoch (see [below]"
+            "(#a-real-model-smollm2-135m-instruct))"
+        )
         + (f"; GRPO's rlhfkit runs at {compiled} sample with `--compile-decode`." if compiled else ".")
     )
     if compact:

@@ -13,7 +13,7 @@ Each row is one run in its own subprocess (common.run_measured: peak RSS = ru_ma
 included), one after the other, each started when the machine is quiet (grpo_vs_trl.machine_quiet):
 
   sft, rm, dpo   rlhfkit and TRL 1.16 (SFTTrainer, RewardTrainer, DPOTrainer; trl_grpo_runner.py), --memory-steps
-                 steps on rows of the support task lengthened to 120-250 tokens (three earlier exchanges before each
+                 steps on rows of the support task lengthened to ~130-180 tokens (three earlier exchanges before each
                  prompt; no row is truncated), batch 8, lr 1e-5, max length 256, fp32, no gradient checkpointing
                  (TRL's default is on: it is turned off, as rlhfkit's default), DPO beta 0.1 with a reference model.
   grpo           rlhfkit and TRL 1.16 GRPOTrainer (grpo_vs_trl.py's run functions and settings, but 16 completions

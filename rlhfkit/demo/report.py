@@ -89,6 +89,14 @@ def gold_peak(rows: list[dict]) -> tuple[int, float] | None:
 
 
 # The report's first paragraph: what the demo trains and how it is judged (no numbers).
+PRETRAINED_ABOUT = (
+    "**What this is.** A pretrained language model (`{model}`) learns to reply to customer-support messages in "
+    "its own chat format. First it imitates example replies of mixed quality (SFT). Then it learns from "
+    "preference pairs (which of two replies a simulated rater liked better) in two ways: PPO, which optimises a "
+    "reward model trained on the pairs while a KL penalty keeps it near the SFT model, and DPO, which learns "
+    "from the pairs directly. A hidden gold judge, the rule the raters follow and which no training step sees, "
+    "scores every reply to customer messages none of the models trained on."
+)
 ABOUT = (
     "**What this is.** A small language model, trained from scratch on this machine, learns to reply to "
     "customer-support messages. First it imitates example replies of mixed quality (SFT). Then it learns from "
@@ -179,7 +187,6 @@ def write_report(
         "# rlhfkit demo: customer-support replies",
         "",
         *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak)),
-        *(["", f"Started from the pretrained model `{model}` rather than the built-in small one."] if model else []),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
@@ -244,6 +251,8 @@ def write_report(
         f"| {k}{f' (beside {beside[k]})' if k in beside else ''} | {v:.0f} | {stages.load.get(k, float('nan')):.1f} |"
         for k, v in stage_seconds.items()
     ]
+    if model:  # not the built-in model trained from scratch
+        lines = [PRETRAINED_ABOUT.format(model=model) if line == ABOUT else line for line in lines]
     if plan is not None:
         lines += ["", "## Settings", ""]
         lines += [f"- {note}" for note in plan.notes]

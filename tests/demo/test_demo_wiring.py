@@ -292,6 +292,7 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert "init-model" not in summary["stage_seconds"] and not (out / "base").exists()
     assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["model"] == str(tiny_model_dir)
     report = (out / "report.md").read_text()
-    assert f"Started from the pretrained model `{tiny_model_dir}`" in report and "## Settings" in report
+    assert f"A pretrained language model (`{tiny_model_dir}`)" in report and "## Settings" in report
+    assert "trained from scratch" not in report
     assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1
     assert "runs the support task" in capsys.readouterr().err

@@ -158,6 +158,12 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 
     for name, kind in (("sft", "sft"), ("prefs_train", "preference"), ("prompts_eval", "prompt")):
         assert load_examples(str(chat[name]), kind, "rlhfkit demo")  # every converted file validates
+    from rlhfkit.tasks.support import label_noise_ceiling
+
+    def rows(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    assert label_noise_ceiling(rows(chat["prefs_eval"])) == label_noise_ceiling(rows(files["prefs_eval"]))
 
 
 def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2, monkeypatch):

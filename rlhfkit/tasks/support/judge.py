@@ -84,10 +84,11 @@ def vocabulary() -> frozenset[str]:
     return frozenset(vocab)
 
 
-def gold_breakdown(prompt: str | list, reply: str) -> GoldBreakdown:
-    """Score a reply to a prompt, component by component (see `gold_score`)."""
+def gold_breakdown(prompt: str | list, reply: str | list) -> GoldBreakdown:
+    """Score a reply to a prompt, component by component (see `gold_score`). A reply given as chat messages (an
+    assistant turn) is scored on their text."""
     category, product = parse_prompt(prompt)
-    tokens = words(reply)
+    tokens = words(_reply_text(reply))
     n = len(tokens)
     if n < MIN_WORDS:
         return GoldBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, SCORE_MIN)
@@ -135,7 +136,7 @@ def gold_breakdown(prompt: str | list, reply: str) -> GoldBreakdown:
     return GoldBreakdown(empathy, issue, action, closing, length, repetition, gibberish, round(total, 6))
 
 
-def gold_score(prompt: str | list, reply: str) -> float:
+def gold_score(prompt: str | list, reply: str | list) -> float:
     """Hidden gold score of `reply` to `prompt`, in [-3, 5]; deterministic.
 
     The category (and product, if any) are recovered from the customer message by

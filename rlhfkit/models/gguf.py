@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -40,8 +41,16 @@ def gguf_available() -> bool:
 
 
 def file_digest(path: Path) -> str:
+    """SHA-256 of the file's content, read once per process for a given path, size and modification time (a
+    run asks for its model's folder several times: tokenizer, policy, reference, value model)."""
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
     sha = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             sha.update(block)
     return sha.hexdigest()

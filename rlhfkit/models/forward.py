@@ -58,12 +58,8 @@ def labelled_logprobs(
     if fused is None:
         return None
     body, weight = fused
-    L = input_ids.shape[1]
     packed = pack_batch(model, input_ids, attention_mask) if pack_sequences and can_pack(model) else None
-    if packed is None:
-        states = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, : L - 1]
-    else:
-        states = packed.gather(body(**packed.model_inputs(model)).last_hidden_state, 0, L - 1)
+    states = stack_states(model, body, input_ids, attention_mask, 0, input_ids.shape[1] - 1, packed)
     return head_logprobs(states[mask], weight, input_ids[:, 1:][mask])[0]
 
 
@@ -100,6 +96,16 @@ def response_logits(
     logits = out.logits[:, -(n_response + 1) : -1]  # position t predicts token t + 1
     states = out.hidden_states[-1][:, -(n_response + 1) : -1] if hidden else None
     return logits, states
+
+
+def stack_states(model, body, input_ids, attention_mask, start: int, stop: int, packed: PackedBatch | None = None):
+    """The transformer stack's last hidden states ``[B, stop-start, H]`` at columns ``start:stop`` of the padded
+    rows, run on ``packed`` rows when given. Positions count real tokens (``position_ids``), as generation does;
+    for right-padded rows that is the default numbering on every real token."""
+    if packed is not None:
+        return packed.gather(body(**packed.model_inputs(model)).last_hidden_state, start, stop)
+    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+    return out.last_hidden_state[:, start:stop]
 
 
 def fused_head(model, n_rows: int):
@@ -139,12 +145,8 @@ def response_token_stats(
         entropy = entropy_from_logits(logits) if with_entropy else None
         return logprobs_from_logits(logits, labels), entropy, states
     body, weight = fused
-    L = input_ids.shape[1]
-    if packed is not None:
-        states = packed.gather(body(**packed.model_inputs(model)).last_hidden_state, L - n_response - 1, L - 1)
-    else:
-        out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
-        states = out.last_hidden_state[:, -(n_response + 1) : -1]  # position t predicts token t + 1
+    L = input_ids.shape[1]  # position t predicts token t + 1
+    states = stack_states(model, body, input_ids, attention_mask, L - n_response - 1, L - 1, packed)
     logprobs, entropy = head_logprobs(states, weight, labels, temperature, with_entropy)
     return logprobs, entropy, states if hidden else None
 

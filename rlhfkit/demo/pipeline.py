@@ -162,7 +162,7 @@ def begin(
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(total=total)
-    model = getattr(cfg, "model", "")
+    model = cfg.model
 
     def task_data():
         files = write_task_data(out / "data", seed=cfg.seed, sizes=sizes)

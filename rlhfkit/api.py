@@ -189,7 +189,8 @@ def rloo(config=None, /, **options: Any) -> Result:
 
 
 def _reward_aliases(options: dict[str, Any]) -> dict[str, Any]:
-    """``reward_fns`` is the Python spelling of the repeatable ``--reward-fn``; one callable may stand alone."""
+    """``reward_fns`` and ``tools`` are the Python spellings of the repeatable ``--reward-fn`` and ``--tool``;
+    one callable may stand alone. ``env`` takes the environment class itself."""
     out = dict(options)
     if "reward_fns" in out:
         if "reward_fn" in out:
@@ -197,6 +198,12 @@ def _reward_aliases(options: dict[str, Any]) -> dict[str, Any]:
         out["reward_fn"] = out.pop("reward_fns")
     if callable(out.get("reward_fn")):
         out["reward_fn"] = [out["reward_fn"]]
+    if "tools" in out:  # the Python spelling of the repeatable --tool
+        if "tool" in out:
+            raise UserError("give tools or tool, not both")
+        out["tool"] = out.pop("tools")
+    if callable(out.get("tool")):
+        out["tool"] = [out["tool"]]
     return out
 
 

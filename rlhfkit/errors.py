@@ -19,7 +19,7 @@ Spelling = Literal["flag", "keyword"]
 _SPELLING: ContextVar[Spelling] = ContextVar("rlhfkit_option_spelling", default="flag")
 _UNSET: Any = object()
 # Options whose Python keyword differs from the config field (the API takes a list where the flag repeats).
-KEYWORDS = {"reward_fn": "reward_fns"}
+KEYWORDS = {"reward_fn": "reward_fns", "tool": "tools"}
 
 
 class UserError(Exception):

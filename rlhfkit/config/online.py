@@ -129,6 +129,29 @@ class MonitorArgs:
 
 
 @dataclass
+class MultiTurnArgs:
+    tool: list[str] = field(default_factory=list)
+    """A tool the policy may call, FILE.py:NAME: a Python function with type hints and a docstring (its schema
+    reaches the model through the chat template). Repeat the flag for several. A reply with a tool call gets the
+    tool's result as a tool message and the conversation goes on (up to --max-turns)."""
+    env: str = ""
+    """An environment, FILE.py:NAME: a class with reset(row) -> opening message(s) and step(reply) -> (next
+    message(s) or None, reward or None, done). One instance per rollout row; its rewards join the other rewards
+    as 'env'."""
+    max_turns: int = 4
+    """Most model turns per conversation when tools or an environment are given (--max-new-tokens is per turn)."""
+    max_total_tokens: int = 0
+    """Most tokens of a conversation, prompt included; a conversation that reaches it ends, counted in
+    rollout/truncated. 0: no limit but --max-turns x --max-new-tokens."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may run; one that runs longer becomes an error message to the model."""
+    tool_format: Literal["tags", "json"] = "tags"
+    """How a tool call is written in a reply: tags = <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    (Hermes, Qwen, SmolLM; a JSON list of calls inside the tags works too); json = a bare JSON object with
+    "name" and "arguments" anywhere in the reply."""
+
+
+@dataclass
 class OnlineConfig:
     """Fields every online-RL command has; ``algorithm`` names the command (and the progress bar)."""
 
@@ -142,6 +165,7 @@ class OnlineConfig:
     kl: KLArgs = field(default_factory=KLArgs)
     advantage: AdvantageArgs = field(default_factory=AdvantageArgs)
     monitor: MonitorArgs = field(default_factory=MonitorArgs)
+    multiturn: MultiTurnArgs = field(default_factory=MultiTurnArgs)
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-5, batch_size=16, max_steps=100))
     packing: PackingArgs = field(default_factory=PackingArgs)
@@ -150,6 +174,11 @@ class OnlineConfig:
     @property
     def needs_critic(self) -> bool:
         return self.advantage.advantage in CRITIC_ESTIMATORS
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether rollouts are conversations (tools or an environment) rather than one reply per prompt."""
+        return bool(self.multiturn.tool) or bool(self.multiturn.env)
 
     @property
     def needs_reference(self) -> bool:
@@ -170,6 +199,8 @@ class OnlineConfig:
             temperature=self.generation.temperature,
             max_new_tokens=self.generation.max_new_tokens,
             num_generations=a.num_generations,
+            max_turns=self.multiturn.max_turns,
+            tool_timeout=self.multiturn.tool_timeout,
             sample_steps=self.monitor.sample_steps,
             gold_steps=self.monitor.gold_steps,
         )
@@ -179,6 +210,7 @@ class OnlineConfig:
             entropy_coef=p.entropy_coef,
             kl_loss_coef=k.kl_loss_coef,
             ref_update_steps=k.ref_update_steps,
+            max_total_tokens=self.multiturn.max_total_tokens,
         )
         batch, g = self.optim.batch_size, a.num_generations
         if batch % g:
@@ -211,7 +243,8 @@ class OnlineConfig:
                 f"{option('advantage', a.advantage)} compares the completions of a prompt: it needs "
                 f"{option('num_generations')} >= 2"
             )
-        weights, n_rewards = self.reward.reward_weights, len(self.reward.reward_fn) + bool(self.reward.reward_model)
+        weights = self.reward.reward_weights
+        n_rewards = len(self.reward.reward_fn) + bool(self.reward.reward_model) + bool(self.multiturn.env)
         if n_rewards == 0:
             raise UserError(
                 f"{command(self.algorithm)}: give {option('reward_model')} or at least one "
@@ -220,7 +253,9 @@ class OnlineConfig:
         if weights and len(weights) != n_rewards:
             raise UserError(
                 f"{option('reward_weights')} has {len(weights)} values for {n_rewards} rewards "
-                f"({option('reward_model')} first, then each " + spelled(option("reward_fn"), "of reward_fns") + ")"
+                f"({option('reward_model')} first, then each "
+                + spelled(option("reward_fn"), "of reward_fns")
+                + f", then {option('env')})"
             )
 
 

@@ -21,8 +21,8 @@ SAMPLES_PER_STEP = 4
 def rollout_metrics(r: Rollout, kl_coef: float) -> dict[str, float]:
     """The metrics that come from the experience itself (the update adds the loss terms): the KL ones only
     with a reference, the value ones only with a critic. ``reward/score`` is the mean over the completions
-    some reward applies to."""
-    mask = r.response_mask.float()
+    some reward applies to. Token counts and the KL cover the policy's tokens only (``action_mask``)."""
+    mask = r.action_mask.float()
     scored = r.raw_scores[~torch.isnan(r.raw_scores)]
     out = {
         "reward/score": float(scored.mean()) if scored.numel() else math.nan,
@@ -54,8 +54,10 @@ class SampleWriter:
                 kept = [x for x in self.path.read_text().splitlines() if x and json.loads(x)["step"] <= resume_step]
             self.path.write_text("".join(x + "\n" for x in kept))
 
-    def write(self, step: int, prompts: list, r: Rollout, tokenizer, world: int = 1) -> None:
-        """The first few completions of each process's block of the whole batch ``r`` (``prompts`` aligned)."""
+    def write(self, step: int, prompts: list, r: Rollout, tokenizer, world: int = 1, messages=None) -> None:
+        """The first few completions of each process's block of the whole batch ``r`` (``prompts`` aligned).
+        ``messages``: each row's whole conversation (multi-turn rollouts), written as ``messages``; the
+        ``response`` is then the conversation after the prompt as text, tool and environment turns included."""
         if not self.logger.enabled:
             return
         block = len(prompts) // world
@@ -66,17 +68,28 @@ class SampleWriter:
         for i, text in zip(index, texts):
             row = {"step": step, "prompt": prompts[i], "response": text}
             row["score"] = float(scores[i]) if math.isfinite(scores[i]) else None
+            if messages is not None:
+                row["messages"] = messages[i]
             if world > 1:
                 row["rank"] = i // block
             rows.append(row)
         with self.path.open("a") as handle:
             handle.writelines(json.dumps(row) + "\n" for row in rows)
         table = "\n\n".join(
-            f"**prompt** {row['prompt']}  \n**response** {row['response']}  \n**score** "
+            f"**prompt** {row['prompt']}  \n**response** {_conversation_text(row)}  \n**score** "
             + ("-" if row["score"] is None else f"{row['score']:.3f}")
             for row in rows
         )
         self.logger.text("samples", table, step)
+
+
+def _conversation_text(row: dict) -> str:
+    """A sample's reply, or for a conversation its turns after the prompt, each marked with its role."""
+    if "messages" not in row:
+        return row["response"]
+    start = 1 if row["messages"] and row["messages"][0]["role"] == "system" else 0
+    turns = row["messages"][start + 1 :] if isinstance(row["prompt"], str) else row["messages"][len(row["prompt"]) :]
+    return "  \n".join(f"[{m['role']}] {m['content']}" for m in turns)
 
 
 class GoldEvaluator:
@@ -100,16 +113,22 @@ class GoldEvaluator:
         return cls(judge, [ex.prompt for ex in eval_examples[:GOLD_PROMPTS]])
 
     @torch.no_grad()
-    def responses(self, policy, tokenizer, cfg, device, seed: int = 1234) -> list[str]:
+    def responses(self, policy, tokenizer, cfg, device, seed: int = 1234, multiturn=None) -> list[str]:
+        """One sampled reply per held-out prompt; with ``multiturn`` (``rlhfkit.multiturn.rollout.MultiTurn``)
+        each is a conversation with the run's tools and environment, and its last reply is judged."""
         from rlhfkit.data.encode import encode_prompt
 
-        ids = [encode_prompt(tokenizer, p, cfg.data.max_prompt_length) for p in self.prompts]
         with torch.random.fork_rng(devices=[]):  # sampling here must not shift the training run's randomness
             torch.manual_seed(seed)
+            if multiturn is not None:
+                rows = list(range(len(self.prompts)))
+                convs = multiturn.rollout(policy, self.prompts, rows, {}, cfg.generation, device)
+                return [c.reply for c in convs]
+            ids = [encode_prompt(tokenizer, p, cfg.data.max_prompt_length) for p in self.prompts]
             responses = sample_responses(policy, tokenizer, ids, cfg.generation, len(ids), device)
         return [decode(tokenizer, r) for r in responses]
 
-    def evaluate(self, policy, tokenizer, cfg, device) -> float:
-        texts = self.responses(policy, tokenizer, cfg, device)
+    def evaluate(self, policy, tokenizer, cfg, device, multiturn=None) -> float:
+        texts = self.responses(policy, tokenizer, cfg, device, multiturn=multiturn)
         scores = [self.judge(render_prompt(tokenizer, p), t) for p, t in zip(self.prompts, texts)]
         return sum(scores) / len(scores)

@@ -19,10 +19,8 @@ per completion) and ``completion_ids`` (the sampled token ids).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import numbers
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +29,9 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.config.online import OnlineRewardArgs
-from rlhfkit.config.parse import PYTHON_FUNCTION
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.userfiles import load_object, replayed_callable
 
 
 @dataclass
@@ -44,6 +42,9 @@ class RewardBatch:
         a prompt; completions: decoded texts; completion_ids: sampled token ids (EOS included when emitted);
     finished: False for a completion cut off at --max-new-tokens; columns: the prompt rows' other fields;
     rows: the 0-based index of each completion's prompt row in the data file (for error messages).
+    A multi-turn rollout's completion is the conversation's last reply and its prompt the conversation before
+    it; messages: each whole conversation (passed to reward functions as ``messages``); env_rewards: the sum
+    of the environment's rewards of each (NaN where it gave none).
     """
 
     prompts: list
@@ -52,6 +53,8 @@ class RewardBatch:
     finished: list[bool]
     columns: dict[str, list] = field(default_factory=dict)
     rows: list[int] = field(default_factory=list)
+    messages: list[list[dict]] | None = None
+    env_rewards: list[float] | None = None
 
 
 @dataclass
@@ -120,7 +123,10 @@ class FunctionReward:
     def __call__(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(batch.completions)
         try:
-            values = self.fn(batch.prompts, batch.completions, completion_ids=batch.completion_ids, **batch.columns)
+            extra = {"messages": batch.messages} if batch.messages is not None else {}
+            values = self.fn(
+                batch.prompts, batch.completions, completion_ids=batch.completion_ids, **extra, **batch.columns
+            )
         except Exception as exc:  # the user's code: any failure becomes one line naming it and the rows
             first = sorted(set(batch.rows))[:3] if batch.rows else []
             rows = ", ".join(str(r + 1) for r in first) + (", ..." if len(set(batch.rows)) > 3 else "")
@@ -152,6 +158,18 @@ class FunctionReward:
         return raw, raw.clone()
 
 
+class EnvReward:
+    """The environment's rewards of a multi-turn rollout, summed over each episode; an episode without any
+    is a row this reward does not apply to."""
+
+    name = "env"
+    abstains = True
+
+    def __call__(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        raw = torch.tensor(batch.env_rewards or [math.nan] * len(batch.completions), dtype=torch.float32)
+        return raw, raw.clone()
+
+
 class Rewards:
     """The weighted sum of reward components, with the missing-EOS penalty and the clip applied to it."""
 
@@ -167,6 +185,11 @@ class Rewards:
     @property
     def names(self) -> list[str]:
         return [c.name for c in self.components]
+
+    @property
+    def env_weight(self) -> float:
+        """The weight of the environment's rewards (0 without an environment)."""
+        return next((w for c, w in zip(self.components, self.weights) if isinstance(c, EnvReward)), 0.0)
 
     @property
     def reward_model(self) -> RewardModelReward | None:
@@ -206,11 +229,7 @@ def _weighted_sum(
 def load_function(spec: str, data_path: str = "the data") -> FunctionReward:
     """A reward from ``--reward-fn``: ``FILE.py:NAME`` (a function in a Python file), or a built-in task's
     reward: ``TASK`` (its first reward function) or ``TASK:NAME``."""
-    if spec.startswith(PYTHON_FUNCTION):  # read back from the config.yaml of a run given a callable
-        raise UserError(
-            f"{option('reward_fn', spec)}: the run this config comes from was given a Python callable, which "
-            "config.yaml records by name only; give it again, as FILE.py:NAME (or as a callable in Python)"
-        )
+    replayed_callable("reward_fn", spec)
     location, _, name = spec.rpartition(":")
     if not location:  # no colon
         location, name = spec, ""
@@ -222,29 +241,7 @@ def load_function(spec: str, data_path: str = "the data") -> FunctionReward:
 
 
 def _function_from_file(spec: str, path: Path, name: str) -> Callable:
-    if not path.is_file():
-        raise UserError(f"{option('reward_fn', spec)}: {path} does not exist")
-    module_name = f"rlhfkit_reward_{abs(hash(path.resolve()))}"
-    # As `python FILE.py` would: the file's own folder is importable, so a reward file can import a helper
-    # module beside it (at import time or later, when the function runs).
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    try:
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[module_name] = module
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file: report why it cannot be imported, in one line
-        sys.modules.pop(module_name, None)
-        detail = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserError(f"{option('reward_fn', spec)}: cannot import {path} ({type(exc).__name__}: {detail})") from None
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise UserError(f"{option('reward_fn', spec)}: {path} has no '{name}'")
-    if not callable(fn):
-        raise UserError(f"{option('reward_fn', spec)}: '{name}' in {path} is not a function")
-    return fn
+    return load_object("reward_fn", spec, path, name)
 
 
 def _task_reward(spec: str, task_name: str, name: str, data_path: str) -> FunctionReward:
@@ -263,9 +260,12 @@ def _task_reward(spec: str, task_name: str, name: str, data_path: str) -> Functi
     return FunctionReward(functions[chosen], f"{task_name}_{chosen}" if name else task_name, data_path)
 
 
-def build_rewards(args: OnlineRewardArgs, data_path: str, scorer: RewardScorer | None = None) -> Rewards:
+def build_rewards(
+    args: OnlineRewardArgs, data_path: str, scorer: RewardScorer | None = None, env: bool = False
+) -> Rewards:
     """The rewards of a run: the reward model first (when given: ``scorer``, loaded by the caller), then each
-    ``--reward-fn`` (a FILE.py:NAME or task spec, or a Python callable given through the Python API)."""
+    ``--reward-fn`` (a FILE.py:NAME or task spec, or a Python callable given through the Python API), then the
+    environment's (``env``)."""
     components: list[Any] = []
     if scorer is not None:
         components.append(RewardModelReward(scorer, args))
@@ -274,4 +274,6 @@ def build_rewards(args: OnlineRewardArgs, data_path: str, scorer: RewardScorer |
             components.append(load_function(fn, data_path))
         else:
             components.append(FunctionReward(fn, data_path=data_path))
+    if env:
+        components.append(EnvReward())
     return Rewards(components, args.reward_weights, args)

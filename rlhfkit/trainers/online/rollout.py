@@ -2,6 +2,11 @@
 
 A rollout holds one step's experience. Shapes: ``B`` completions (G per prompt, a group's rows contiguous),
 ``P`` prompt tokens (left-padded), ``T`` response tokens (right-padded after the first EOS).
+
+A multi-turn rollout's "response" is the whole conversation after the first prompt: the policy's replies with
+the tool and environment messages spliced between them. ``response_mask`` covers all of it (the forward passes
+attend to every token); ``action_mask`` only the tokens the policy sampled, which are the ones trained. In a
+single-turn rollout the two are the same.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ class Rollout:
     query_mask: torch.Tensor  # [B, P] 1 on real prompt tokens
     response_ids: torch.Tensor  # [B, T] sampled tokens, pad after the first EOS
     response_mask: torch.Tensor  # [B, T] 1 on real response tokens (EOS included)
-    loss_mask: torch.Tensor  # [B, T] response_mask less the rows left out of the update
+    action_mask: torch.Tensor  # [B, T] 1 on the tokens the policy sampled (multi-turn: not tools' or env's)
+    loss_mask: torch.Tensor  # [B, T] action_mask less the rows left out of the update
     group_ids: torch.Tensor  # [B]    the prompt group of each row
     scores: torch.Tensor  # [B]    reward used in the update (weighted, normalised, penalised, clipped)
     raw_scores: torch.Tensor  # [B]    weighted sum of the rewards as they come (NaN where none applies)
@@ -30,6 +36,7 @@ class Rollout:
     logprobs: torch.Tensor  # [B, T] log pi_old(a_t | s_t), the policy that sampled
     ref_logprobs: torch.Tensor | None  # [B, T] log pi_ref(a_t | s_t); None without a reference
     values: torch.Tensor | None  # [B, T] V_old(s_t); None without a critic
+    turn_rewards: torch.Tensor  # [B, T] an environment's weighted per-turn rewards at their turns' last tokens
     rewards: torch.Tensor  # [B, T] the reward at the last real token (minus beta*KL_t when in the reward)
     advantages: torch.Tensor  # [B, T]
     returns: torch.Tensor  # [B, T] targets of the value function (critic-free: the return, for logging)
@@ -85,3 +92,36 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
     response_ids, response_mask = pad_with_mask(responses, tokenizer.pad_token_id, "right", device)
     finished = ended_with_stop(responses, stop_token_ids(model, tokenizer))
     return query_ids, query_mask, response_ids, response_mask, finished
+
+
+def conversation_tensors(convs, pad_id: int, env_weight: float, device) -> dict:
+    """The tensors of a multi-turn rollout (``rlhfkit.multiturn.rollout.Conversation`` rows): prompt and
+    response ids with their masks as ``generate`` returns them, the ``action_mask`` of the policy's tokens,
+    and ``turn_rewards`` (the environment's rewards, times ``env_weight``, at their turns' last tokens)."""
+    query_ids, query_mask = pad_with_mask([c.prompt_ids for c in convs], pad_id, "left", device)
+    response_ids, response_mask = pad_with_mask([c.ids for c in convs], pad_id, "right", device)
+    action_mask, _ = pad_with_mask([c.actions for c in convs], 0, "right", device)
+    turn_rewards = torch.zeros(response_ids.shape, dtype=torch.float32, device=device)
+    for b, c in enumerate(convs):
+        for position, reward in c.turn_rewards:
+            turn_rewards[b, position] += env_weight * reward
+    return {
+        "query_ids": query_ids,
+        "query_mask": query_mask,
+        "response_ids": response_ids,
+        "response_mask": response_mask,
+        "action_mask": action_mask.to(response_mask.dtype),
+        "turn_rewards": turn_rewards,
+    }
+
+
+def action_order(mask: torch.Tensor) -> torch.Tensor | None:
+    """``[B, T]`` a permutation of each row's columns that puts its action tokens first, in order; None when
+    they already are (no tool or environment tokens between them). The advantage estimators then run on
+    ``x.gather(1, order)`` as if the context tokens were not there (GAE bootstraps from the next *policy*
+    token's value, across a tool's answer), and their output goes back with ``scatter``."""
+    ones = mask.sum(dim=1, keepdim=True)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    if bool(((positions < ones) == mask.bool()).all()):
+        return None
+    return torch.sort((mask == 0).to(torch.int8), dim=1, stable=True).indices

@@ -14,6 +14,7 @@ from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.multiturn.rollout import MultiTurn
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter
@@ -87,10 +88,12 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
             f"({option('batch_size', cfg.optim.batch_size)} / {option('num_generations', G)})"
         )
     gold = GoldEvaluator.create(cfg.monitor.gold_judge, eval_examples)
-    rewards = build_rewards(cfg.reward, cfg.data.data)  # reward functions, checked now; the model comes later
+    env = bool(cfg.multiturn.env)
+    rewards = build_rewards(cfg.reward, cfg.data.data, env=env)  # reward functions, checked now; the model later
 
-    # 2. The roles.
+    # 2. The roles (tools and environment first: they are checked before the models load).
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    multiturn = MultiTurn(cfg.multiturn, tokenizer, cfg.data.data) if cfg.multi_turn else None
     seed_everything(cfg.run.seed)  # new weights (LoRA) start the same on every process
     actor_critic, ref_model = build_models(cfg, tokenizer)
     prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
@@ -109,10 +112,10 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         scorer = RewardScorer.load(
             cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
         )
-    rewards = build_rewards(cfg.reward, cfg.data.data, scorer) if scorer is not None else rewards
+    rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env) if scorer is not None else rewards
     if ref_model is not None:
         ref_model.to(session.device)
-    trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session)
+    trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session, multiturn)
     stream = IndexStream(len(examples), cfg.run.seed)
     resumed = session.restore(trainer.checkpoint_models(), trainer.optimizer) if cfg.run.resume else None
     if resumed is not None:
@@ -132,14 +135,15 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
             with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
-                metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device)
+                metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device, multiturn)
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
         if session.log_due(step, cfg.run, metrics):
             session.logger.log(step, metrics)
         if rollout is not None and (step % cfg.monitor.sample_steps == 0 or step == steps):
-            samples.write(step, gather_objects(batch.prompts), rollout, tokenizer, ranks.world)
+            messages = gather_objects(trainer.last_messages) if trainer.last_messages is not None else None
+            samples.write(step, gather_objects(batch.prompts), rollout, tokenizer, ranks.world, messages)
         if cfg.kl.ref_update_steps and step % cfg.kl.ref_update_steps == 0:
             trainer.refresh_reference()
         state = lambda: {**trainer.state_dict(stream), "monitor": monitor.state_dict()}  # noqa: E731

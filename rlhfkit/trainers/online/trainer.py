@@ -30,10 +30,11 @@ from rlhfkit.config.online import CRITIC_ESTIMATORS, GROUP_ESTIMATORS, OnlineCon
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.lora import adapters_off
+from rlhfkit.multiturn.rollout import MultiTurn, conversation_metrics
 from rlhfkit.trainers.online.policy import ActorCritic
 from rlhfkit.trainers.online.reporting import rollout_metrics
 from rlhfkit.trainers.online.rewards import RewardBatch, Rewards
-from rlhfkit.trainers.online.rollout import Rollout, gather_rollout, generate
+from rlhfkit.trainers.online.rollout import Rollout, action_order, conversation_tensors, gather_rollout, generate
 from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import any_rank, gather_rows, reduce_mean, reduce_sum
 from rlhfkit.training.stream import IndexStream
@@ -47,10 +48,25 @@ class OnlineTrainer:
 
     ``ref_model``: the frozen reference, or None: then with LoRA the reference is the policy's backbone
     with its adapters off, and without LoRA there is none (no KL term needs one: ``cfg.needs_reference``).
+    ``multiturn``: the tools and environment of multi-turn rollouts (``rlhfkit.multiturn``); None: one reply
+    per prompt.
     """
 
-    def __init__(self, cfg: OnlineConfig, actor_critic: ActorCritic, ref_model, rewards: Rewards, tokenizer, session):
+    def __init__(
+        self,
+        cfg: OnlineConfig,
+        actor_critic: ActorCritic,
+        ref_model,
+        rewards: Rewards,
+        tokenizer,
+        session,
+        multiturn: MultiTurn | None = None,
+    ):
         self.cfg, self.gen = cfg, cfg.generation
+        self.multiturn = multiturn
+        self.last_messages: list | None = None  # the conversations of the last multi-turn rollout (samples)
+        # the most policy tokens of a row (the length a Dr. GRPO token sum is normalised by)
+        self.max_tokens = self.gen.max_new_tokens * (cfg.multiturn.max_turns if multiturn is not None else 1)
         self.policy_args, self.kl_args, self.adv_args = cfg.policy, cfg.kl, cfg.advantage
         self.critic_args = getattr(cfg, "critic", None) if actor_critic.has_critic else None
         self.actor_critic, self.ref_model, self.rewards = actor_critic, ref_model, rewards
@@ -131,18 +147,45 @@ class OnlineTrainer:
         else None), and metrics of the step so far (timings, reward components, zero-std groups)."""
         metrics: dict[str, float] = {}
         step_start = phase_start = time.perf_counter()
-        # 1. Generate.
+        # 1. Generate (multi-turn: play the conversations, tools and environment answering between replies).
         self.actor_critic.eval()
         with engines.gathered_for_generation(self.accelerator, self.actor_critic):
-            query_ids, query_mask, response_ids, response_mask, finished = generate(
-                self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
-            )
+            if self.multiturn is None:
+                query_ids, query_mask, response_ids, response_mask, finished = generate(
+                    self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
+                )
+                action_mask, convs = response_mask, None
+                turn_rewards = torch.zeros_like(response_mask, dtype=torch.float)
+            else:
+                convs = self.multiturn.rollout(
+                    self.policy, batch.prompts, batch.rows, batch.columns, self.gen, self.device
+                )
+                t = conversation_tensors(convs, self.tokenizer.pad_token_id, self.rewards.env_weight, self.device)
+                query_ids, query_mask, response_ids, response_mask = (
+                    t["query_ids"], t["query_mask"], t["response_ids"], t["response_mask"]
+                )  # fmt: skip
+                action_mask, turn_rewards, finished = t["action_mask"], t["turn_rewards"], [c.finished for c in convs]
+                metrics.update(conversation_metrics(convs))
+                self.last_messages = [c.messages for c in convs]
         metrics["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Reward.
         phase_start = time.perf_counter()
-        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
-        reward = self.rewards(RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows))
+        if convs is None:
+            texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+            ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
+            reward_batch = RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows)
+        else:  # the final reply is the completion; the conversation before it, the prompt
+            reward_batch = RewardBatch(
+                [c.messages[:-1] for c in convs],
+                [c.reply for c in convs],
+                [c.reply_ids for c in convs],
+                finished,
+                batch.columns,
+                batch.rows,
+                messages=[c.messages for c in convs],
+                env_rewards=[c.env_reward for c in convs],
+            )
+        reward = self.rewards(reward_batch)
         scores, valid = reward.total.to(self.device).float(), reward.valid.to(self.device)
         components = {k: gather_rows(self.accelerator, v.to(self.device)) for k, v in reward.components.items()}
         metrics["time/score_s"] = time.perf_counter() - phase_start
@@ -162,28 +205,30 @@ class OnlineTrainer:
             else:
                 logprobs, values, _ = self.actor_critic(input_ids, attn, T, self.gen.temperature, packed=packed)
             ref_logprobs = self.reference_logprobs(input_ids, attn, T, packed) if self.has_reference else None
-        mask = response_mask.float()
+        mask = action_mask.float()
         logprobs = logprobs * mask
         ref_logprobs = ref_logprobs * mask if ref_logprobs is not None else None
         values = values * mask if values is not None else None
         metrics["time/forward_s"] = time.perf_counter() - phase_start
         local = Rollout(
-            query_ids,
-            query_mask,
-            response_ids,
-            response_mask,
-            response_mask,  # the loss mask, set with the advantages below
-            torch.tensor(batch.group_ids, device=self.device),
-            scores,
-            reward.score.to(self.device),
-            valid,
-            torch.tensor(finished, device=self.device),
-            logprobs,
-            ref_logprobs,
-            values,
-            torch.zeros_like(mask),  # rewards, advantages, returns: below
-            torch.zeros_like(mask),
-            torch.zeros_like(mask),
+            query_ids=query_ids,
+            query_mask=query_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            action_mask=action_mask,
+            loss_mask=action_mask,  # set with the advantages below
+            group_ids=torch.tensor(batch.group_ids, device=self.device),
+            scores=scores,
+            raw_scores=reward.score.to(self.device),
+            valid=valid,
+            finished=torch.tensor(finished, device=self.device),
+            logprobs=logprobs,
+            ref_logprobs=ref_logprobs,
+            values=values,
+            turn_rewards=turn_rewards,
+            rewards=torch.zeros_like(mask),  # rewards, advantages, returns: below
+            advantages=torch.zeros_like(mask),
+            returns=torch.zeros_like(mask),
         )
         # Steps 5-6 need the whole batch (group and batch statistics, whitening): with several processes every
         # rank gathers every rank's rows and computes them exactly as one process would, then keeps its own.
@@ -204,24 +249,35 @@ class OnlineTrainer:
         return rollout, everyone, first_pass, metrics
 
     def credit(self, r: Rollout, metrics: dict) -> Rollout:
-        """Steps 5-6 on a whole batch: per-token rewards, advantages, returns and the loss mask."""
-        mask = r.response_mask.float()
+        """Steps 5-6 on a whole batch: per-token rewards, advantages, returns and the loss mask. Only the
+        policy's tokens (``action_mask``) take part: in a multi-turn rollout the estimators see its replies as
+        one sequence, the tool and environment tokens between them left out."""
+        mask = r.action_mask.float()
         valid, scores = r.valid, r.scores
         # 5. Per-token rewards: the reward at the last real token, minus beta*KL_t when the KL is in the reward.
+        # An environment's per-turn rewards sit at their turns' last tokens and the rest of the score at the last.
         G = self.adv_args.num_generations
         if G > 1:
             scores = fill_invalid_from_group(scores, valid, G)  # rows no reward applies to: the group mean
+        early = r.turn_rewards * valid.unsqueeze(1).to(r.turn_rewards.dtype)
+        last = scores - early.sum(dim=1)
         if self.kl_in_reward:
             kl = ops.kl_penalty(r.logprobs, r.ref_logprobs, self.kl_args.kl_estimator) * mask
-            rewards = ops.per_token_rewards(scores, kl, mask, self.kl_ctl.value)
+            rewards = ops.per_token_rewards(last, kl, mask, self.kl_ctl.value) + early
         else:
-            rewards = ops.per_token_rewards(scores, torch.zeros_like(mask), mask, 0.0)
+            rewards = ops.per_token_rewards(last, torch.zeros_like(mask), mask, 0.0) + early
         # 6. Advantages.
         estimator = ops.get_advantage_estimator(self.adv_args.advantage)
-        advantages, returns = estimator(rewards, mask, self.advantage_config, r.values)
+        order = action_order(mask)
+        if order is None:
+            advantages, returns = estimator(rewards, mask, self.advantage_config, r.values)
+        else:
+            values = r.values.gather(1, order) if r.values is not None else None
+            compact = estimator(rewards.gather(1, order), mask.gather(1, order), self.advantage_config, values)
+            advantages, returns = (torch.zeros_like(x).scatter(1, order, x) for x in compact)
         if self.adv_args.whiten_advantages and self.adv_args.advantage in CRITIC_ESTIMATORS:
             advantages = ops.masked_whiten(advantages, mask) * mask
-        loss_mask = self.loss_mask(r.response_mask, r.finished, scores, valid, metrics)
+        loss_mask = self.loss_mask(r.action_mask, r.finished, scores, valid, metrics)
         advantages = advantages * valid.unsqueeze(1).to(advantages.dtype)  # no reward applies: advantage 0
         return replace(r, loss_mask=loss_mask, scores=scores, rewards=rewards, advantages=advantages, returns=returns)
 
@@ -237,8 +293,8 @@ class OnlineTrainer:
             out["reward/unscored_fraction"] = float((~valid).float().mean())
         return out
 
-    def loss_mask(self, response_mask, finished, scores, valid, metrics: dict) -> torch.Tensor:
-        """``[B, T]`` the tokens that get a gradient: the response's, less the rows left out of the update
+    def loss_mask(self, action_mask, finished, scores, valid, metrics: dict) -> torch.Tensor:
+        """``[B, T]`` the tokens that get a gradient: the policy's, less the rows left out of the update
         (no reward applies; cut off with --mask-truncated-completions; a zero-std group with
         --drop-zero-std-groups). Also counts the zero-std groups into ``metrics``."""
         keep = valid.clone()
@@ -252,8 +308,8 @@ class OnlineTrainer:
             if self.adv_args.drop_zero_std_groups:
                 keep &= ~flat.repeat_interleave(G)
         if bool(keep.all()):
-            return response_mask
-        return response_mask * keep.unsqueeze(1).to(response_mask.dtype)
+            return action_mask
+        return action_mask * keep.unsqueeze(1).to(action_mask.dtype)
 
     # ---- step 7: epochs over minibatches ---------------------------------------------------------
     def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -261,7 +317,7 @@ class OnlineTrainer:
         mode = self.policy_args.loss_aggregation
         if mode == "token-mean":
             return ops.masked_mean(per_token, mask)
-        return ops.aggregate_loss(per_token, mask, mode, max_len=self.gen.max_new_tokens)
+        return ops.aggregate_loss(per_token, mask, mode, max_len=self.max_tokens)
 
     def loss(self, mb: Rollout, outputs: tuple | None = None) -> tuple[torch.Tensor, dict]:
         """The loss of one (micro-)batch: L = L_clip + c1*L_V - c2*H (+ beta*KL in the loss) (+ c3*KL_ref).

@@ -2,7 +2,8 @@
 
     GET /                    the page: curves and samples (drawn by static/viewer.js), the reports (rendered here)
     GET /api/metrics         {"runs": [{"name", "path", "rows": [{"step": ..., "loss": ...}, ...]}]}
-    GET /api/samples         {"runs": [{"name", "rows": [{"step", "prompt", "response", "score"}, ...]}]}
+    GET /api/samples         {"runs": [{"name", "rows": [{"step", "prompt", "response", "score"}, ...]}]}; a
+                             multi-turn row has "turns" ([{"role", "content", "kind"}]) instead of "messages"
     GET /file/N/PATH         an image under the N-th folder given (the plots a report shows)
 
 Read-only: nothing here changes a file, so there is no POST. Curves are drawn by a small SVG plotter of

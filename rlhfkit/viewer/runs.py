@@ -83,8 +83,60 @@ def metrics(run: Run) -> list[dict]:
 
 
 def samples(run: Run) -> list[dict]:
-    """The newest rows of samples.jsonl (``{"step", "prompt", "response", "score"}`` as trainers write them)."""
-    return _jsonl(run.path / "samples.jsonl")[-MAX_SAMPLE_ROWS:]
+    """The newest rows of samples.jsonl (``{"step", "prompt", "response", "score"}`` as trainers write them).
+    A multi-turn row's ``messages`` are sent as its ``turns`` (see ``conversation_turns``)."""
+    rows = _jsonl(run.path / "samples.jsonl")[-MAX_SAMPLE_ROWS:]
+    for row in rows:
+        if "messages" in row:
+            row["turns"] = conversation_turns(row.pop("messages"), row.get("prompt"))
+    return rows
+
+
+def conversation_turns(messages, prompt) -> list[dict]:
+    """The turns of a conversation after its prompt, each ``{"role", "content", "kind"}``.
+
+    kind: "reply" or "tool call" (an assistant turn that calls a tool: one with a ``<tool_call>`` tag, or one
+    that tool results follow, whatever the call's format), "tool result" or "tool error" (a tool result
+    starting with "error:"), "environment" (a user turn: in a rollout, users are the environment), "system",
+    or "other" (any other role). The prompt is the conversation's first messages when they are the row's
+    ``prompt`` (a string prompt being one user message), after a system message the run may have added;
+    an environment that opened with messages of its own has all of its conversation shown. Entries that are
+    not ``{"role", "content"}`` objects are skipped, and content that is not text is shown as JSON.
+    """
+    if not isinstance(messages, list):
+        return []
+    turns = [
+        {"role": str(m.get("role", "")), "content": _text(m.get("content", ""))}
+        for m in messages
+        if isinstance(m, dict)
+    ]
+    if isinstance(prompt, str):
+        opening = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list):
+        opening = [
+            {"role": str(m.get("role", "")), "content": _text(m.get("content", ""))}
+            for m in prompt
+            if isinstance(m, dict)
+        ]
+    else:
+        opening = []
+    start = 1 if turns and turns[0]["role"] == "system" and opening[:1] != turns[:1] else 0
+    if opening and turns[start : start + len(opening)] == opening:
+        turns = turns[start + len(opening) :]
+    for i, turn in enumerate(turns):
+        role, content = turn["role"], turn["content"]
+        if role == "assistant":
+            calls = "<tool_call>" in content or (i + 1 < len(turns) and turns[i + 1]["role"] == "tool")
+            turn["kind"] = "tool call" if calls else "reply"
+        elif role == "tool":
+            turn["kind"] = "tool error" if content.startswith("error:") else "tool result"
+        else:
+            turn["kind"] = {"user": "environment", "system": "system"}.get(role, "other")
+    return turns
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def report_source(folder: Path) -> tuple[str, str] | None:

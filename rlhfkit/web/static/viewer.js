@@ -1,5 +1,5 @@
 // The run viewer: every metric of every run as a curve (runs overlaid), and the samples by step.
-// Run names, prompts and responses go in with textContent only.
+// Run names, prompts, responses and conversation turns go in with textContent only.
 "use strict";
 
 (() => {
@@ -89,6 +89,31 @@
     renderCharts();
   }
 
+  // A conversation's turns after the prompt (rows of multi-turn runs), each labelled with who spoke; "kind"
+  // is one of runs.py's conversation_turns kinds.
+  const TURN_LABELS = {
+    reply: ["assistant", ""],
+    "tool call": ["assistant", "tool call"],
+    "tool result": ["tool result", ""],
+    "tool error": ["tool result", "error"],
+    environment: ["environment", ""],
+    system: ["system", ""],
+  };
+  function conversation(turns) {
+    const box = make("div", "conversation");
+    for (const turn of turns) {
+      const [label, badge] = TURN_LABELS[turn.kind] ?? [turn.role || "?", ""];
+      const item = make("div", "turn");
+      item.dataset.kind = turn.kind;
+      const head = make("div", "turn-head");
+      head.append(make("span", "turn-role", label));
+      if (badge) head.append(make("span", `badge${turn.kind === "tool error" ? " error" : ""}`, badge));
+      item.append(head, make("div", "turn-text", turn.content));
+      box.append(item);
+    }
+    return box;
+  }
+
   function renderSamples() {
     const runSelect = byId("sample-run");
     const stepSelect = byId("sample-step");
@@ -108,7 +133,8 @@
       card.append(make("div", "meta", meta || `step ${row.step}`));
       const show = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 1));
       card.append(make("div", "sample-prompt", show(row.prompt ?? "")));
-      card.append(make("div", "sample-response", show(row.response ?? "")));
+      if (Array.isArray(row.turns)) card.append(conversation(row.turns));
+      else card.append(make("div", "sample-response", show(row.response ?? "")));
       list.append(card);
     }
   }

@@ -53,6 +53,23 @@ class Counter:
         self.n += 1
         return (f"turn {self.n} done", float(self.n), self.n >= 3)
 
+class Scored:
+    """Two user turns; rewards depend on the reply and on the turn (state the instance carries). With
+    RLHFKIT_TEST_FAIL_AFTER=N set, the reset after the N-th of this module's resets raises."""
+    resets = 0
+    def reset(self, row):
+        import os
+        Scored.resets += 1
+        limit = int(os.environ.get("RLHFKIT_TEST_FAIL_AFTER", "0"))
+        if limit and Scored.resets > limit:
+            raise ConnectionError("lost the game server")
+        self.turn = 0
+        return None
+    def step(self, reply):
+        self.turn += 1
+        reward = (1.0 if "yes" in reply else -0.5) * self.turn
+        return ("and again?" if self.turn < 2 else None, reward, self.turn >= 2)
+
 class Exploding:
     def reset(self, row):
         return None

@@ -152,9 +152,11 @@ class MultiTurn:
 
 def conversation_metrics(convs: list[Conversation]) -> dict[str, float]:
     """``rollout/turns`` (model turns per conversation), ``rollout/tool_calls`` and ``rollout/tool_errors``
-    (per conversation), ``rollout/truncated`` (the share of conversations a limit ended)."""
+    (per conversation), ``rollout/truncated`` (the share of conversations a limit ended), and
+    ``rollout/tokens``: a conversation's tokens, prompt included (``response/length`` counts the policy's)."""
     n = max(len(convs), 1)
     return {
+        "rollout/tokens": sum(len(c.prompt_ids) + len(c.ids) for c in convs) / n,
         "rollout/turns": sum(c.turns for c in convs) / n,
         "rollout/tool_calls": sum(c.tool_calls for c in convs) / n,
         "rollout/tool_errors": sum(c.tool_errors for c in convs) / n,

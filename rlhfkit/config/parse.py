@@ -133,6 +133,8 @@ def convert(leaf: Leaf, value: Any) -> Any:
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ValueError(f"must be a string, got {value!r}")
+        if callable(value):  # a Python object given through the Python API (an environment class)
+            return value
         return str(value)
     raise TypeError(f"unsupported option type {tp}")
 

@@ -164,3 +164,23 @@ def test_two_processes_train_as_one(tiny_model_dir, files):
     for k in one:
         torch.testing.assert_close(one[k], two[k], rtol=1e-4, atol=1e-5)
     assert os.path.exists(files / "two" / "samples.jsonl")
+
+
+def test_the_python_api_takes_tools_and_an_environment_as_python_objects(monkeypatch, tiny_model_dir, files):
+    namespace: dict = {}
+    exec(TOOLS + ENVS, namespace)
+    install(monkeypatch, call_then_answer)
+    result = rlhfkit.grpo(
+        **common(files, files / "api", model=tiny_model_dir),
+        tools=[namespace["add"]],
+        env=namespace["Counter"],
+        batch_size=4,
+        num_generations=2,
+        max_steps=1,
+        max_turns=6,
+    )
+    # the tool answers the call, then the environment takes the replies without one, for its three turns
+    assert result.metrics["rollout/tool_calls"] == 1 and result.metrics["rollout/turns"] == 4
+    assert result.metrics["reward/env"] == 6.0
+    config = (files / "api" / "config.yaml").read_text()
+    assert "# tool: Python callables" in config and "# env: Python callables" in config

@@ -95,8 +95,8 @@ def _conversation_text(row: dict) -> str:
 class GoldEvaluator:
     """Samples responses to held-out prompts and averages a task's gold judge (never used for training)."""
 
-    def __init__(self, judge, prompts: list[str]):
-        self.judge, self.prompts = judge, prompts
+    def __init__(self, judge, prompts: list[str], columns: dict[str, list] | None = None):
+        self.judge, self.prompts, self.columns = judge, prompts, columns or {}
 
     @classmethod
     def create(cls, name: str, eval_examples: list) -> GoldEvaluator | None:
@@ -110,7 +110,9 @@ class GoldEvaluator:
             raise UserError(f"{option('gold_judge')}: {exc}") from None
         if not eval_examples:
             raise UserError(f"{option('gold_judge')} needs held-out prompts in {option('eval_data')}")
-        return cls(judge, [ex.prompt for ex in eval_examples[:GOLD_PROMPTS]])
+        examples = eval_examples[:GOLD_PROMPTS]
+        names = list(dict.fromkeys(k for ex in examples for k in ex.extra))
+        return cls(judge, [ex.prompt for ex in examples], {k: [ex.extra.get(k) for ex in examples] for k in names})
 
     @torch.no_grad()
     def responses(self, policy, tokenizer, cfg, device, seed: int = 1234, multiturn=None) -> list[str]:
@@ -122,7 +124,7 @@ class GoldEvaluator:
             torch.manual_seed(seed)
             if multiturn is not None:
                 rows = list(range(len(self.prompts)))
-                convs = multiturn.rollout(policy, self.prompts, rows, {}, cfg.generation, device)
+                convs = multiturn.rollout(policy, self.prompts, rows, self.columns, cfg.generation, device)
                 return [c.reply for c in convs]
             ids = [encode_prompt(tokenizer, p, cfg.data.max_prompt_length) for p in self.prompts]
             responses = sample_responses(policy, tokenizer, ids, cfg.generation, len(ids), device)

@@ -7,7 +7,8 @@ A GRPO step on a small GPT-2 (``init-model --size small``, 7.4M parameters; 16 r
 A randomly initialised model rarely emits EOS, so both runs stop replies by a set of stop tokens chosen so
 that a reply's expected length is the turn's (multi-turn) or the whole conversation's (single-turn): lengths
 vary from row to row as a trained model's do. The table gives the medians over the steps (the first left
-out) of the step's phases and the conversation's tokens, so the two can be compared per token.
+out) of the step's phases and the conversation's tokens (policy tokens; all tokens, prompt included), and
+the generation's milliseconds per policy token.
 
     .venv/bin/python bench/multiturn.py [--steps 8] [--threads 2]
 """
@@ -64,13 +65,43 @@ def with_stops(model_dir: Path, out: Path, mean_length: int) -> Path:
     return out
 
 
-def run(root: Path, model: Path, multi: bool, steps: int, threads: int) -> dict:
+PREFILL = {"sampling_s": 0.0, "prefill_s": 0.0}
+
+
+def timing_prefill():
+    """Wrap the multi-turn sampler so that each round also times a prefill-only pass (one new token) over the
+    same conversations: the share of a round's sampling that re-reading the conversation costs, which keeping
+    the key / value cache between rounds would save. The extra passes are timed apart from the rounds."""
+    import dataclasses
+    import time
+
+    import torch
+
+    import rlhfkit.multiturn.rollout as rollout
+
+    sample = rollout.sample_responses
+
+    def timed(model, tokenizer, contexts, generation, batch_size, device, **kwargs):
+        start = time.perf_counter()
+        out = sample(model, tokenizer, contexts, generation, batch_size, device, **kwargs)
+        PREFILL["sampling_s"] += time.perf_counter() - start
+        one = dataclasses.replace(generation, max_new_tokens=1)
+        with torch.random.fork_rng(devices=[]):
+            start = time.perf_counter()
+            sample(model, tokenizer, contexts, one, batch_size, device, **kwargs)
+            PREFILL["prefill_s"] += time.perf_counter() - start
+        return out
+
+    rollout.sample_responses = timed
+
+
+def run(root: Path, model: Path, multi: bool, steps: int, threads: int, name: str = "") -> dict:
     import torch
 
     import rlhfkit
 
     torch.set_num_threads(threads)
-    out = root / ("multi" if multi else "single")
+    out = root / (name or ("multi" if multi else "single"))
     options = dict(
         model=str(model),
         data=str(root / "prompts.jsonl"),
@@ -88,7 +119,17 @@ def run(root: Path, model: Path, multi: bool, steps: int, threads: int) -> dict:
         options.update(reward_fns=[str(root / "reward.py") + ":length"], max_new_tokens=3 * 32 + 2 * 8)
     rlhfkit.grpo(**options)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][1:]
-    med = lambda key: statistics.median(r[key] for r in rows) if key in rows[0] else float("nan")  # noqa: E731
+    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    if not multi:  # a single-turn row's tokens: its prompt's and its reply's
+        from transformers import AutoTokenizer
+
+        from rlhfkit.data.encode import encode_prompt
+
+        tok = AutoTokenizer.from_pretrained(model)
+        prompts = [json.loads(x)["prompt"] for x in (root / "prompts.jsonl").read_text().splitlines()]
+        prompt_tokens = statistics.mean(len(encode_prompt(tok, p, 10_000)) for p in prompts)
+        for r in rows:
+            r["rollout/tokens"], r["rollout/turns"] = r["response/length"] + prompt_tokens, 1.0
     return {
         "run": "multi-turn (3 turns)" if multi else "single-turn",
         "step_s": med("time/step_s"),
@@ -113,13 +154,19 @@ def main() -> None:
             run(root, with_stops(model, root / "m32", 32), True, args.steps, args.threads),
             run(root, with_stops(model, root / "m112", 3 * 32 + 2 * 8), False, args.steps, args.threads),
         ]
-    print("| run | step s | generate s | teacher-forced s | update s | policy tokens | tokens (all) | turns |")
-    print("|---|---|---|---|---|---|---|---|")
+        timing_prefill()  # a third run, apart: its extra prefill passes would slow the timed steps
+        run(root, root / "m32", True, args.steps, args.threads, name="multi-prefill")
+    print("| run | step s | generate s | teacher-forced s | update s | policy tokens | tokens (all) | turns "
+          "| generate ms / policy token |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
+        per_token = 1000 * r["generate_s"] / (16 * r["policy_tokens"])
         print(
             f"| {r['run']} | {r['step_s']:.2f} | {r['generate_s']:.2f} | {r['forward_s']:.2f} | {r['update_s']:.2f} "
-            f"| {r['policy_tokens']:.1f} | {r['all_tokens']:.1f} | {r['turns']:.1f} |"
+            f"| {r['policy_tokens']:.1f} | {r['all_tokens']:.1f} | {r['turns']:.1f} | {per_token:.1f} |"
         )
+    share = PREFILL["prefill_s"] / max(PREFILL["sampling_s"], 1e-9)
+    print(f"\nmulti-turn: re-reading the conversations (prefill) took {100 * share:.0f}% of the rounds' sampling time")
 
 
 if __name__ == "__main__":

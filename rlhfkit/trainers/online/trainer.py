@@ -140,6 +140,42 @@ class OnlineTrainer:
             and self.cfg.lora.lora_dropout == 0
         )
 
+    def sample(self, batch: PromptBatch, metrics: dict) -> tuple[dict, RewardBatch]:
+        """Step 1: one reply per prompt, or (multi-turn) one conversation per prompt. Returns the rollout's
+        tensors (``conversation_tensors``' keys; single-turn: the action mask is the response mask and there
+        are no turn rewards) and what the rewards read of them."""
+        if self.multiturn is None:
+            query_ids, query_mask, response_ids, response_mask, finished = generate(
+                self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
+            )
+            texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+            ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
+            tensors = {
+                "query_ids": query_ids,
+                "query_mask": query_mask,
+                "response_ids": response_ids,
+                "response_mask": response_mask,
+                "action_mask": response_mask,
+                "turn_rewards": torch.zeros_like(response_mask, dtype=torch.float),
+            }
+            return tensors, RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows)
+        convs = self.multiturn.rollout(self.policy, batch.prompts, batch.rows, batch.columns, self.gen, self.device)
+        metrics.update(conversation_metrics(convs))
+        self.last_messages = [c.messages for c in convs]
+        tensors = conversation_tensors(convs, self.tokenizer.pad_token_id, self.rewards.env_weight, self.device)
+        # the last reply is the completion, the conversation before it the prompt
+        reward_batch = RewardBatch(
+            [c.messages[:-1] for c in convs],
+            [c.reply for c in convs],
+            [c.reply_ids for c in convs],
+            [c.finished for c in convs],
+            batch.columns,
+            batch.rows,
+            messages=[c.messages for c in convs],
+            env_rewards=[c.env_reward for c in convs],
+        )
+        return tensors, reward_batch
+
     @torch.no_grad()
     def make_rollout(self, batch: PromptBatch) -> tuple[Rollout, tuple | None, dict]:
         """Steps 1-6 for a batch of prompts, each already repeated G times (rows of a group contiguous).
@@ -150,41 +186,14 @@ class OnlineTrainer:
         # 1. Generate (multi-turn: play the conversations, tools and environment answering between replies).
         self.actor_critic.eval()
         with engines.gathered_for_generation(self.accelerator, self.actor_critic):
-            if self.multiturn is None:
-                query_ids, query_mask, response_ids, response_mask, finished = generate(
-                    self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
-                )
-                action_mask, convs = response_mask, None
-                turn_rewards = torch.zeros_like(response_mask, dtype=torch.float)
-            else:
-                convs = self.multiturn.rollout(
-                    self.policy, batch.prompts, batch.rows, batch.columns, self.gen, self.device
-                )
-                t = conversation_tensors(convs, self.tokenizer.pad_token_id, self.rewards.env_weight, self.device)
-                query_ids, query_mask, response_ids, response_mask = (
-                    t["query_ids"], t["query_mask"], t["response_ids"], t["response_mask"]
-                )  # fmt: skip
-                action_mask, turn_rewards, finished = t["action_mask"], t["turn_rewards"], [c.finished for c in convs]
-                metrics.update(conversation_metrics(convs))
-                self.last_messages = [c.messages for c in convs]
+            t, reward_batch = self.sample(batch, metrics)
+        query_ids, query_mask, response_ids, response_mask = (
+            t["query_ids"], t["query_mask"], t["response_ids"], t["response_mask"]
+        )  # fmt: skip
+        action_mask, turn_rewards, finished = t["action_mask"], t["turn_rewards"], reward_batch.finished
         metrics["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Reward.
         phase_start = time.perf_counter()
-        if convs is None:
-            texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-            ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
-            reward_batch = RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows)
-        else:  # the final reply is the completion; the conversation before it, the prompt
-            reward_batch = RewardBatch(
-                [c.messages[:-1] for c in convs],
-                [c.reply for c in convs],
-                [c.reply_ids for c in convs],
-                finished,
-                batch.columns,
-                batch.rows,
-                messages=[c.messages for c in convs],
-                env_rewards=[c.env_reward for c in convs],
-            )
         reward = self.rewards(reward_batch)
         scores, valid = reward.total.to(self.device).float(), reward.valid.to(self.device)
         components = {k: gather_rows(self.accelerator, v.to(self.device)) for k, v in reward.components.items()}

@@ -20,6 +20,7 @@ import pytest
 
 from rlhfkit.cli.main import COMMANDS, main
 from rlhfkit.config.parse import build_parser, leaves
+from rlhfkit.errors import KEYWORDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -171,7 +172,8 @@ def test_python_api_lists_each_config_and_its_parts():
 
 # The Python API: `rlhfkit.NAME(keyword=...)` takes the options of one command, snake_case.
 API_COMMANDS = {"evaluate": "eval", "init_model": "init-model"}
-API_ALIASES = {"reward_fns": "reward_fn"}  # the Python spelling of the repeatable --reward-fn
+# the Python spellings of the repeatable flags (reward_fns for --reward-fn, tools for --tool)
+API_ALIASES = {keyword: field for field, keyword in KEYWORDS.items()}
 API_CALL = re.compile(r"(?<![\w.])rlhfkit\.(\w+)\(")
 
 

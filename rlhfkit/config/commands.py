@@ -197,9 +197,10 @@ class DemoConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     output_dir: str = "runs/demo"
     """Where the data, every stage's model, report.md, summary.json and the plots go."""
-    task: Literal["support", "arithmetic"] = "support"
+    task: Literal["support", "arithmetic", "tools"] = "support"
     """support: customer-support replies, SFT -> reward model -> PPO (with and without KL) -> DPO, judged by a hidden
-    gold judge; arithmetic: sums with a checkable answer, SFT -> GRPO on the exact-answer reward."""
+    gold judge; arithmetic: sums with a checkable answer, SFT -> GRPO on the exact-answer reward; tools: sums too long
+    to do without an add tool, SFT on conversations -> GRPO with the tool on the exact-answer reward."""
     seed: int = options.seed(0)
     model: str = ""
     """A pretrained causal LM (a Hugging Face folder or a .gguf file) to run the support task on instead of the

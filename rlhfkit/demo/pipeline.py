@@ -1,6 +1,7 @@
 """`rlhfkit demo`: init-model -> SFT -> reward model -> PPO (KL on) -> PPO (beta = 0) -> DPO -> evaluation.
 
-(``--task arithmetic`` runs ``rlhfkit.demo.arithmetic`` instead: SFT -> GRPO on a checkable reward.)
+(``--task arithmetic`` runs ``rlhfkit.demo.arithmetic`` instead: SFT -> GRPO on a checkable reward; ``--task tools``
+runs ``rlhfkit.demo.tools``: SFT -> GRPO with a tool the policy learns to call.)
 
 Every stage runs the same code as its CLI command (configs built from flags, so each stage's
 ``config.yaml`` can be replayed with ``rlhfkit COMMAND --config``). The gold judge of the task is used
@@ -182,13 +183,13 @@ def begin(
 
 
 def run(cfg: DemoConfig) -> dict:
-    if cfg.task == "arithmetic":
-        from rlhfkit.demo import arithmetic
+    if cfg.task in ("arithmetic", "tools"):
+        from rlhfkit.demo import arithmetic, tools
 
         if cfg.model:
-            raise UserError(f"demo: {option('model')} runs the support task; the arithmetic task trains its own model")
+            raise UserError(f"demo: {option('model')} runs the support task; the {cfg.task} task trains its own model")
 
-        return arithmetic.run(cfg)
+        return {"arithmetic": arithmetic, "tools": tools}[cfg.task].run(cfg)
     from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.demo.report import write_report
     from rlhfkit.inference.evaluate import evaluate_policy

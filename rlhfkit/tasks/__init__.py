@@ -4,8 +4,8 @@ A task provides its data files (`write_data`), a tokenizer corpus and a gold jud
 `judge(prompt, reply) -> float` that the demo reports as `reward/gold`. A task may
 also name reward functions with TRL's signature `(prompts, completions, **columns) ->
 list[float | None]` for critic-free RL: the support task's gold judge (a reward to
-train on only when the point is to optimise the gold itself), the arithmetic task's
-exact-answer and format checks. Look tasks up by name:
+train on only when the point is to optimise the gold itself), the arithmetic and tools tasks'
+exact-answer checks. Look tasks up by name:
 
     from rlhfkit.tasks import get_judge, get_task
     judge = get_judge("support")
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import arithmetic, support
+from . import arithmetic, support, tools
 
 RewardFunction = Callable[..., list[float | None]]
 
@@ -64,6 +64,15 @@ TASKS: dict[str, Task] = {
         corpus_text=arithmetic.corpus_text,
         score_range=(0.0, 1.0),
         reward_functions={"exact_answer": arithmetic.exact_answer, "format": arithmetic.format_reward},
+    ),
+    "tools": Task(
+        name="tools",
+        description="sums of three 3-4 digit numbers, right only with the add tool: call it, then the number",
+        judge=tools.judge,
+        write_data=tools.write_task_data,
+        corpus_text=tools.corpus_text,
+        score_range=(0.0, 1.0),
+        reward_functions={"exact_answer": tools.exact_answer},
     ),
 }
 

@@ -236,12 +236,8 @@ def load_function(spec: str, data_path: str = "the data") -> FunctionReward:
     if location.endswith(".py") or "/" in location:
         if not name:
             raise UserError(f"{option('reward_fn', spec)}: give the function as FILE.py:NAME")
-        return FunctionReward(_function_from_file(spec, Path(location), name), name, data_path)
+        return FunctionReward(load_object("reward_fn", spec, Path(location), name), name, data_path)
     return _task_reward(spec, location, name, data_path)
-
-
-def _function_from_file(spec: str, path: Path, name: str) -> Callable:
-    return load_object("reward_fn", spec, path, name)
 
 
 def _task_reward(spec: str, task_name: str, name: str, data_path: str) -> FunctionReward:

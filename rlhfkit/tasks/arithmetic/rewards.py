@@ -46,6 +46,11 @@ def _expected(prompts: Sequence, answer: Sequence | None) -> list[int | None]:
     if answer is None:
         solved = [parse_prompt(p) for p in prompts]
         return [None if p is None else p.answer for p in solved]
+    return answer_column(prompts, answer)
+
+
+def answer_column(prompts: Sequence, answer: Sequence) -> list[int | None]:
+    """The `answer` column as integers (ints or integer strings; None stays None), aligned with `prompts`."""
     _check_aligned("answer", prompts, answer)
     expected: list[int | None] = []
     for i, value in enumerate(answer):

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from functools import cache
 
+from rlhfkit.tasks.arithmetic.problems import prompt_text
+
 TERMS = 3  # numbers per sum
 DIGITS = (3, 4)  # each number has 3 or 4 digits, as likely
 EVAL_PROBLEMS = 100  # the fixed held-out set, drawn apart from every training problem
@@ -67,16 +69,6 @@ def train_problems(rng: random.Random, n: int) -> list[Problem]:
         if problem not in held_out:
             out.append(problem)
     return out
-
-
-def prompt_text(prompt: str | list | None) -> str:
-    """The text of a prompt: a string as is, the last user message of a chat, "" for None."""
-    if prompt is None:
-        return ""
-    if isinstance(prompt, list):
-        users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        return users[-1] if users else ""
-    return prompt
 
 
 def parse_prompt(prompt: str | list | None) -> Problem | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from rlhfkit.tasks.arithmetic.rewards import answer_column
+
 from .problems import parse_prompt, prompt_text
 
 _NUMBER = re.compile(r"\s*(-?[0-9]+)\s*")
@@ -37,18 +39,7 @@ def _expected(prompts: Sequence, answer: Sequence | None) -> list[int | None]:
     """Per row, the right answer: the `answer` column when given, else the sum asked in the prompt."""
     if answer is None:
         return [None if (p := parse_prompt(prompt)) is None else p.answer for prompt in prompts]
-    if len(answer) != len(prompts):
-        raise ValueError(f"answer: {len(answer)} values for {len(prompts)} prompts; columns must align with prompts")
-    expected: list[int | None] = []
-    for i, value in enumerate(answer):
-        if value is None:
-            expected.append(None)
-            continue
-        try:
-            expected.append(int(str(value).strip()))
-        except ValueError:
-            raise ValueError(f"answer[{i}]: {value!r} is not an integer") from None
-    return expected
+    return answer_column(prompts, answer)
 
 
 def exact_answer(

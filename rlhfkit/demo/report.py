@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from rlhfkit.tasks.support.prompts import customer_message
+
 MODELS = {"sft": "SFT", "ppo": "PPO (KL on)", "ppo_no_kl": "PPO (beta = 0)", "dpo": "DPO"}
 # The top line of a --quick run's report (both tasks): its stages ran a few steps, so its numbers are noise.
 QUICK_RUN = (
@@ -230,12 +232,12 @@ def write_report(
         "",
     ]
     for i in range(min(5, len(results["sft"]["samples"]))):
-        prompt = " ".join(str(results["sft"]["samples"][i]["prompt"]).split())
+        prompt = " ".join(customer_message(results["sft"]["samples"][i]["prompt"]).split())
         lines.append(f"**{prompt}**")
         lines.append("")
         for n, label in MODELS.items():
             s = results[n]["samples"][i]
-            lines.append(f"- *{label}* (gold {s.get('gold', float('nan')):.2f}): {s['response'].strip()}")
+            lines.append(f"- *{label}* (gold {s.get('gold', float('nan')):.2f}): {' '.join(s['response'].split())}")
         lines.append("")
     lines += [
         "## Stage times",

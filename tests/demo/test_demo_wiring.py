@@ -229,6 +229,20 @@ def test_full_and_quick_reports_of_the_support_task(tmp_path):
     assert "never negative" not in report
 
 
+def test_sample_headings_show_the_customer_message_of_a_chat_prompt(tmp_path):
+    from rlhfkit.demo.report import write_report
+
+    stages = SimpleNamespace(seconds={"SFT": 3.0}, load={"SFT": 1.0}, beside={})
+    results = fake_results({"sft": 0.0, "ppo": 0.5, "ppo_no_kl": 1.5, "dpo": 0.4})
+    for policy in results.values():
+        chat = [{"role": "user", "content": "My  lamp\narrived broken."}]
+        policy["samples"] = [{"prompt": chat, "response": "Sorry.\n\nA new lamp\nis on its way.", "gold": 2.0}]
+    write_report(tmp_path, results, 0.8, stages, 60.0)
+    report = (tmp_path / "report.md").read_text()
+    assert "**My lamp arrived broken.**" in report and "'role'" not in report
+    assert "- *DPO* (gold 2.00): Sorry. A new lamp is on its way." in report  # one line per reply
+
+
 def test_full_and_quick_reports_of_the_arithmetic_task(tmp_path):
     from rlhfkit.demo.arithmetic import write_report
     from rlhfkit.demo.report import QUICK_RUN

@@ -276,3 +276,25 @@ def pack_batch(
     index = torch.zeros(mask.shape, dtype=torch.long, device=device)
     index[seq, col] = dst
     return PackedBatch(ids.view(len(rows), width), positions.view(len(rows), width), allowed[:, None], index)
+
+
+def prompt_first(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Right-padded prompt + response rows ``[B, L]`` laid out as ``[left-padded prompt | right-padded response]``
+    (the layout whose rows with one prompt ``pack_batch`` lets share it: a preference pair's chosen and rejected
+    replies). Returns the ids, the mask and the prompt width; each row's real tokens keep their order."""
+    mask = attention_mask.bool()
+    response = response_mask.bool() & mask
+    prompt_len = (mask & ~response).sum(1)
+    B = input_ids.shape[0]
+    width = int(prompt_len.max()) if B else 0
+    columns = width + (int(response.sum(1).max()) if B else 0)
+    seq, col = mask.nonzero(as_tuple=True)
+    rank = (mask.cumsum(1) - 1)[seq, col]  # position within the row's real tokens
+    dst = rank + (width - prompt_len)[seq]  # the prompt ends at column width - 1, the response follows
+    ids = torch.full((B, columns), pad_id, dtype=input_ids.dtype, device=input_ids.device)
+    out_mask = torch.zeros((B, columns), dtype=attention_mask.dtype, device=attention_mask.device)
+    ids[seq, dst] = input_ids[seq, col]
+    out_mask[seq, dst] = 1
+    return ids, out_mask, width

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.accel.packing import can_pack, pack_batch
+from rlhfkit.accel.packing import can_pack, pack_batch, prompt_first
 from rlhfkit.data.collate import SequenceBatch, collate_pairs
 from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
@@ -66,15 +66,18 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
 
 def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) -> torch.Tensor:
     """``[B]`` float32 reward of each right-padded prompt + response row (carries the gradient).
-    ``pack_sequences``: run a decoder on packed rows where that is cheaper (``rlhfkit.accel.packing``)."""
+    ``pack_sequences``: run a decoder on packed rows where that is cheaper (``rlhfkit.accel.packing``); rows
+    with the same prompt tokens then share one copy of them (the reply at each position sees the same tokens)."""
     inner = without_ddp(model)
     if is_encoder(inner):
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0].float()
-    packed = (
-        pack_batch(inner, batch.input_ids, batch.attention_mask, inner.config.pad_token_id or 0)
-        if pack_sequences and can_pack(inner)
-        else None
-    )
+    packed, shift = None, 0
+    if pack_sequences and can_pack(inner):
+        # Rows with one prompt (a pair's chosen and rejected replies) may share one copy of it in the packed rows.
+        pad_id = inner.config.pad_token_id or 0
+        ids, mask, width = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, pad_id)
+        packed = pack_batch(inner, ids, mask, pad_id, prompt_width=width)
+        shift = width - (batch.attention_mask.bool() & ~batch.response_mask.bool()).sum(1)  # [B] columns moved
     captured: list[torch.Tensor] = []
     handle = inner.score.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:
@@ -88,7 +91,7 @@ def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) ->
     last = batch.last_token_index()  # [B]
     rows = torch.arange(len(last), device=last.device)
     if packed is not None:
-        return per_position.reshape(-1)[packed.index[rows, last]].float()
+        return per_position.reshape(-1)[packed.index[rows, last + shift]].float()
     return per_position[rows, last].float()
 
 

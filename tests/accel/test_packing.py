@@ -227,6 +227,45 @@ def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
     assert_same_gradients(results)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_preference_pairs_share_their_prompt_and_score_as_padded(always_pack, arch):
+    """RM training's [2B, L] batch (chosen rows, then rejected rows, right-padded): each pair's two replies
+    share one copy of its prompt in the packed rows, and the scores and gradients are the padded batch's."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlhfkit.accel.packing import prompt_first
+    from rlhfkit.data.collate import collate_preferences
+    from rlhfkit.data.encode import Encoded
+    from rlhfkit.models.reward import sequence_scores
+
+    config = make_config(arch, VOCAB, EOS)
+    config.num_labels, config.pad_token_id = 1, PAD
+    torch.manual_seed(3)
+    rm = AutoModelForSequenceClassification.from_config(config).eval()
+    rng = random.Random(6)
+    words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
+    pairs = []
+    for _ in range(5):
+        prompt = words(rng.randint(6, 14))
+        pairs.append((Encoded(prompt, words(rng.randint(1, 8))), Encoded(prompt, words(rng.randint(1, 8)))))
+    pairs.append((Encoded(words(3), words(2)), Encoded(words(4), words(5))))  # two prompts: nothing to share
+    batch = collate_preferences(pairs, PAD)
+
+    ids, mask, width = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, PAD)
+    assert width == max(len(c.prompt_ids) for c, _ in pairs)
+    for i, row in enumerate([c for c, _ in pairs] + [r for _, r in pairs]):
+        assert ids[i][mask[i].bool()].tolist() == row.prompt_ids + row.response_ids  # the same tokens, in order
+        start, stop = width - len(row.prompt_ids), width + len(row.response_ids)  # the prompt ends at width - 1
+        assert mask[i, start:stop].all() and int(mask[i].sum()) == stop - start
+    shared = pack_batch(rm, ids, mask, PAD, prompt_width=width)
+    prompt_tokens = sum(len(c.prompt_ids) for c, _ in pairs[:5])
+    assert shared.index[mask.bool()].unique().numel() == int(mask.sum()) - prompt_tokens  # each prompt once
+
+    results = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
+    assert torch.allclose(results[0][0], results[1][0], atol=2e-5)
+    assert_same_gradients(results)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
 def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
     """DPO's log pi(y|x) of right-padded prompt + response rows: same sums and gradients packed or padded."""

@@ -404,6 +404,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "vocab-chunk-off,ppo checkpointing'",
     "c77d13f88f7e-dirty --repeats 2 --seed 1 --rows grpo,ppo,grpo-lora,ppo-lora",
     "89da4d6c93b6 --rows 'grpo accel-off'",
+    "64d84b18f0f6 --rows 'rm,rm checkpointing' --skip-trl --max-wait 0.0",
 ]
 REAL_LABELS = {
     "sft": "sft",

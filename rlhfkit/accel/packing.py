@@ -280,10 +280,11 @@ def pack_batch(
 
 def prompt_first(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor, pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """Right-padded prompt + response rows ``[B, L]`` laid out as ``[left-padded prompt | right-padded response]``
     (the layout whose rows with one prompt ``pack_batch`` lets share it: a preference pair's chosen and rejected
-    replies). Returns the ids, the mask and the prompt width; each row's real tokens keep their order."""
+    replies). Returns the ids, the mask, the prompt width and ``[B]`` how many columns right each row's tokens
+    moved; each row's real tokens keep their order."""
     mask = attention_mask.bool()
     response = response_mask.bool() & mask
     prompt_len = (mask & ~response).sum(1)
@@ -292,9 +293,10 @@ def prompt_first(
     columns = width + (int(response.sum(1).max()) if B else 0)
     seq, col = mask.nonzero(as_tuple=True)
     rank = (mask.cumsum(1) - 1)[seq, col]  # position within the row's real tokens
-    dst = rank + (width - prompt_len)[seq]  # the prompt ends at column width - 1, the response follows
+    shift = width - prompt_len  # the prompt ends at column width - 1, the response follows
+    dst = rank + shift[seq]
     ids = torch.full((B, columns), pad_id, dtype=input_ids.dtype, device=input_ids.device)
     out_mask = torch.zeros((B, columns), dtype=attention_mask.dtype, device=attention_mask.device)
     ids[seq, dst] = input_ids[seq, col]
     out_mask[seq, dst] = 1
-    return ids, out_mask, width
+    return ids, out_mask, width, shift

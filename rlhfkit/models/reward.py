@@ -75,9 +75,8 @@ def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) ->
     if pack_sequences and can_pack(inner):
         # Rows with one prompt (a pair's chosen and rejected replies) may share one copy of it in the packed rows.
         pad_id = inner.config.pad_token_id or 0
-        ids, mask, width = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, pad_id)
+        ids, mask, width, shift = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, pad_id)
         packed = pack_batch(inner, ids, mask, pad_id, prompt_width=width)
-        shift = width - (batch.attention_mask.bool() & ~batch.response_mask.bool()).sum(1)  # [B] columns moved
     captured: list[torch.Tensor] = []
     handle = inner.score.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:

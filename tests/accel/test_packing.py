@@ -251,12 +251,12 @@ def test_preference_pairs_share_their_prompt_and_score_as_padded(always_pack, ar
     pairs.append((Encoded(words(3), words(2)), Encoded(words(4), words(5))))  # two prompts: nothing to share
     batch = collate_preferences(pairs, PAD)
 
-    ids, mask, width = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, PAD)
+    ids, mask, width, shift = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, PAD)
     assert width == max(len(c.prompt_ids) for c, _ in pairs)
     for i, row in enumerate([c for c, _ in pairs] + [r for _, r in pairs]):
         assert ids[i][mask[i].bool()].tolist() == row.prompt_ids + row.response_ids  # the same tokens, in order
         start, stop = width - len(row.prompt_ids), width + len(row.response_ids)  # the prompt ends at width - 1
-        assert mask[i, start:stop].all() and int(mask[i].sum()) == stop - start
+        assert mask[i, start:stop].all() and int(mask[i].sum()) == stop - start and int(shift[i]) == start
     shared = pack_batch(rm, ids, mask, PAD, prompt_width=width)
     prompt_tokens = sum(len(c.prompt_ids) for c, _ in pairs[:5])
     assert shared.index[mask.bool()].unique().numel() == int(mask.sum()) - prompt_tokens  # each prompt once

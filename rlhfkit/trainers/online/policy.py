@@ -81,10 +81,14 @@ class ActorCritic(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         packed: PackedBatch | None = None,
+        part: str = "both",
     ):
         """Log-probs of the given response tokens, values (None without a critic) and (optionally) entropies,
         each ``[B, T]``. ``packed``: the same batch packed (``rlhfkit.accel.packing.pack_batch``), to run on
-        instead."""
+        instead. ``part``: "policy" or "value" runs only that network of a separate value model (the other
+        outputs are None); "both" runs everything."""
+        if part == "value":
+            return None, self.value_model(input_ids, attention_mask, n_response, packed).float(), None
         logprobs, entropy, hidden = response_token_stats(
             self.policy,
             input_ids,
@@ -97,7 +101,7 @@ class ActorCritic(nn.Module):
         )
         if self.value_head is not None:
             values = self.value_head(hidden).float()
-        elif self.value_model is not None:
+        elif self.value_model is not None and part == "both":
             values = self.value_model(input_ids, attention_mask, n_response, packed).float()
         else:
             values = None

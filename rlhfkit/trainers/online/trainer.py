@@ -140,6 +140,22 @@ class OnlineTrainer:
             and self.cfg.lora.lora_dropout == 0
         )
 
+    @property
+    def value_pass_apart(self) -> bool:
+        """A separate value model (not a head on the policy) in one process: each update runs the policy's
+        forward and backward first, then the value model's, in micro-batches half the size, so the two
+        networks' activations are never held at once (on SmolLM2-135M that is ~1 GB of a PPO step's peak). The
+        gradients are the same as from the joint loss: the two networks share no parameters. Where the first
+        pass is reused, the rollout's values then come from a forward without gradients, and the update runs
+        the value model's forward again (one more forward of it per step). Several processes keep the joint
+        pass (their gradient sync expects one backward per micro-batch)."""
+        module = self.accelerator.unwrap_model(self.actor_critic)
+        return (
+            self.critic_args is not None
+            and module.value_model is not None
+            and engines.engine(self.accelerator) == "single"
+        )
+
     def sample(self, batch: PromptBatch, metrics: dict) -> tuple[dict, RewardBatch]:
         """Step 1: one reply per prompt, or (multi-turn) one conversation per prompt. Returns the rollout's
         tensors (``conversation_tensors``' keys; single-turn: the action mask is the response mask and there
@@ -208,9 +224,14 @@ class OnlineTrainer:
             packed = self.packed(input_ids, attn, query_ids.shape[1])
             if self.reuses_first_pass:
                 self.actor_critic.train()
+                part = "policy" if self.value_pass_apart else "both"
                 with torch.enable_grad():
-                    first_pass = self.actor_critic(input_ids, attn, T, self.gen.temperature, True, packed=packed)
+                    first_pass = self.actor_critic(
+                        input_ids, attn, T, self.gen.temperature, True, packed=packed, part=part
+                    )
                 logprobs, values = first_pass[0].detach(), _detach(first_pass[1])
+                if part == "policy":
+                    values = self.actor_critic(input_ids, attn, T, packed=packed, part="value")[1]
             else:
                 logprobs, values, _ = self.actor_critic(input_ids, attn, T, self.gen.temperature, packed=packed)
             ref_logprobs = self.reference_logprobs(input_ids, attn, T, packed) if self.has_reference else None
@@ -328,16 +349,24 @@ class OnlineTrainer:
             return ops.masked_mean(per_token, mask)
         return ops.aggregate_loss(per_token, mask, mode, max_len=self.max_tokens)
 
-    def loss(self, mb: Rollout, outputs: tuple | None = None) -> tuple[torch.Tensor, dict]:
+    def loss(self, mb: Rollout, outputs: tuple | None = None, part: str = "both") -> tuple[torch.Tensor, dict]:
         """The loss of one (micro-)batch: L = L_clip + c1*L_V - c2*H (+ beta*KL in the loss) (+ c3*KL_ref).
 
-        ``outputs``: this batch's (log-probs, values, entropy) from a forward already run with grad."""
+        ``outputs``: this batch's (log-probs, values, entropy) from a forward already run with grad. ``part``:
+        "policy" (every term but c1*L_V) or "value" (c1*L_V alone) with a separate value model, else "both"."""
         mask = mb.loss_mask.float()
         if outputs is None:
             input_ids, attn = mb.input_ids, mb.attention_mask
             packed = self.packed(input_ids, attn, mb.query_ids.shape[1])
-            outputs = self.actor_critic(input_ids, attn, mb.n_response, self.gen.temperature, True, packed=packed)
+            outputs = self.actor_critic(
+                input_ids, attn, mb.n_response, self.gen.temperature, True, packed=packed, part=part
+            )
         logprobs, values, entropy = outputs
+        if part == "value":
+            vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.critic_args.value_clip)
+            loss = self.critic_args.vf_coef * vf_loss
+            stats = {"loss/total": loss, "loss/value": vf_loss, "value/clipfrac": vf_stats["clipfrac"]}
+            return loss, {k: float(v.detach()) for k, v in stats.items()}
         p = self.policy_args
         surrogate = ops.ppo_policy_loss_per_token if p.importance_ratio == "token" else ops.sequence_ratio_policy_loss
         per_token, pg_stats = surrogate(
@@ -346,7 +375,7 @@ class OnlineTrainer:
         pg_loss = self.aggregate(per_token, mask)
         stats = {"loss/policy": pg_loss}
         loss = pg_loss
-        if self.critic_args is not None:
+        if self.critic_args is not None and part == "both":
             vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.critic_args.value_clip)
             loss = loss + self.critic_args.vf_coef * vf_loss
             stats.update({"loss/value": vf_loss, "value/clipfrac": vf_stats["clipfrac"]})
@@ -393,6 +422,7 @@ class OnlineTrainer:
         micro_size = mb_size // self.cfg.optim.gradient_accumulation_steps
         sums: dict[str, float] = {}
         n = 0
+        apart = self.value_pass_apart
         self.actor_critic.train()
         for epoch in range(self.policy_args.ppo_epochs):
             order = torch.randperm(B, generator=self.shuffle)
@@ -404,15 +434,23 @@ class OnlineTrainer:
                     rollout.select(mb_index[i : i + micro_size].to(self.device)) for i in range(0, mb_size, micro_size)
                 ]
 
-                def loss_fn(mb: Rollout):
+                def loss_fn(mb: Rollout, part: str = "policy" if apart else "both"):
                     outputs = (
-                        tuple(_select(o, mb_index) for o in first_pass) if reuse else None
+                        tuple(_select(o, mb_index) for o in first_pass) if reuse and part != "value" else None
                     )  # rows in minibatch order
-                    loss, stats = self.loss(mb, outputs)
+                    loss, stats = self.loss(mb, outputs, part)
                     share = self.share(mb, mb_units)
                     return loss * share, {k: v * share for k, v in stats.items()}
 
                 stats = updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn)
+                if apart:  # then the value model's pass, in half-size micro-batches
+                    half = max(1, (micro_size + 1) // 2)
+                    chunks = [rollout.select(mb_index[i : i + half].to(self.device)) for i in range(0, mb_size, half)]
+                    value_stats = updates.accumulate(
+                        self.accelerator, self.actor_critic, chunks, lambda mb: loss_fn(mb, "value")
+                    )
+                    for key, value in value_stats.items():
+                        stats[key] = stats.get(key, 0.0) + value
                 if any_rank(self.accelerator, not math.isfinite(stats["loss/total"])):
                     self.optimizer.zero_grad(set_to_none=True)
                     return {"non_finite": 1.0}

@@ -164,8 +164,10 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
         torch.manual_seed(0)
         train(parse("ppo", f"{args} --pack-sequences {packs} --output-dir {out}"), scorer=ThanksScorer())
         results.append((read_metrics(out), load_file(out / "model.safetensors")))
-    # per step: one packing for the rollout (shared by the reference pass) + one per minibatch (2 epochs x 2)
-    assert len(packed_calls) == 2 * (1 + 4) and sum(p is not None for p in packed_calls) > 5
+    # per step: one packing for the rollout (shared by the reference pass) + one per minibatch (2 epochs x 2),
+    # and a separate value model's pass after the policy's packs each minibatch's two halves
+    per_update = 3 if value == "separate" else 1
+    assert len(packed_calls) == 2 * (1 + 4 * per_update) and sum(p is not None for p in packed_calls) > 5
     assert len(packed_calls[0].input_ids) < 8  # the rollout's 8 sequences share rows
     (rows_packed, w_packed), (rows_padded, w_padded) = results
     for a, b in zip(rows_packed, rows_padded):
@@ -249,3 +251,55 @@ def test_ref_model_sets_the_reference_of_the_kl_terms(thanks_task, tmp_path, lor
     assert runs["base"]["kl/ref"] > 1.0  # the SFT policy is far from the untrained base
     with pytest.raises(UserError, match="ref-update-steps.*cannot be combined with --ref-model"):
         parse("ppo", f"{args} --ref-model {model} --ref-update-steps 2 --output-dir {tmp_path}/x")
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, monkeypatch, minibatches):
+    """A separate value model runs its forward and backward after the policy's (in half-size micro-batches),
+    never beside it: the same metrics and weights, policy and value model, as one joint loss. One minibatch
+    reuses the rollout's forward for the policy and runs the value model again."""
+    from safetensors.torch import load_file
+
+    from rlhfkit.trainers.online.policy import ActorCritic
+    from rlhfkit.trainers.online.trainer import OnlineTrainer
+
+    model, prompts = thanks_task
+    rm = make_reward_model(model, tmp_path / "rm")
+    args = (
+        f"--model {model} --data {prompts} --max-steps 2 --save-steps 2 --ppo-epochs 2 "
+        f"--num-minibatches {minibatches} --value-model {rm} {BASE}"
+    )
+    parts = []
+    forward = ActorCritic.forward
+
+    def recorded(self, *a, part="both", **k):
+        parts.append(part)
+        return forward(self, *a, part=part, **k)
+
+    monkeypatch.setattr(ActorCritic, "forward", recorded)
+    results = []
+    for apart in (True, False):
+        if not apart:
+            monkeypatch.setattr(OnlineTrainer, "value_pass_apart", property(lambda self: False))
+        out = tmp_path / f"apart-{apart}"
+        parts.clear()
+        torch.manual_seed(0)
+        train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())
+        weights = load_file(next((out / "checkpoints").glob("step-2")) / "actor_critic.safetensors")
+        results.append((read_metrics(out), weights, list(parts)))
+    (rows_apart, w_apart, parts_apart), (rows_joint, w_joint, parts_joint) = results
+    # with gradients the networks run apart; the rollout's pass without them runs both unless it is reused
+    assert parts_apart.count("both") == (0 if minibatches == 1 else 2)
+    assert parts_apart.count("value") > parts_apart.count("policy") > 0
+    assert set(parts_joint) == {"both"}
+    for a, b in zip(rows_apart, rows_joint):
+        for key in ("loss/policy", "loss/value", "loss/total", "value/mean", "kl/ref"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+        # a count of float ties (clipped vs unclipped error): one of the ~80 tokens may fall either way
+        assert a["value/clipfrac"] == pytest.approx(b["value/clipfrac"], abs=0.02)
+    assert any(k.startswith("value_model.") for k in w_apart)
+    start = load_file(model / "model.safetensors")
+    policy = [k for k in w_apart if k.removeprefix("policy.") in start]
+    moved = max(float((w_apart[k] - start[k.removeprefix("policy.")]).abs().max()) for k in policy)
+    apart = max(float((w_apart[k] - w_joint[k]).abs().max()) for k in w_apart)
+    assert moved > 1e-3 and apart < 0.02 * moved  # float-rounding apart (see the reuse test above)

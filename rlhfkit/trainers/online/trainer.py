@@ -142,16 +142,17 @@ class OnlineTrainer:
 
     @property
     def value_pass_apart(self) -> bool:
-        """A separate value model (not a head on the policy) in one process: each update runs the policy's
-        forward and backward first, then the value model's, in micro-batches half the size, so the two
-        networks' activations are never held at once (on SmolLM2-135M that is ~1 GB of a PPO step's peak). The
-        gradients are the same as from the joint loss: the two networks share no parameters. Where the first
-        pass is reused, the rollout's values then come from a forward without gradients, and the update runs
-        the value model's forward again (one more forward of it per step). Several processes keep the joint
-        pass (their gradient sync expects one backward per micro-batch)."""
+        """``--value-pass-apart`` with a separate value model (not a head on the policy) in one process: each
+        update runs the policy's forward and backward first, then the value model's, in micro-batches half the
+        size, so the two networks' activations are never held at once (on SmolLM2-135M ~1.2 GB of a full PPO
+        step's peak). The gradients are those of the joint loss: the two networks share no parameters. Where the
+        first pass is reused, the rollout's values come from a forward without gradients and the update runs the
+        value model's forward again. Several processes keep the joint pass (their gradient sync expects one
+        backward per micro-batch)."""
         module = self.accelerator.unwrap_model(self.actor_critic)
         return (
             self.critic_args is not None
+            and self.critic_args.value_pass_apart
             and module.value_model is not None
             and engines.engine(self.accelerator) == "single"
         )

@@ -261,7 +261,6 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     from safetensors.torch import load_file
 
     from rlhfkit.trainers.online.policy import ActorCritic
-    from rlhfkit.trainers.online.trainer import OnlineTrainer
 
     model, prompts = thanks_task
     rm = make_reward_model(model, tmp_path / "rm")
@@ -279,12 +278,10 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     monkeypatch.setattr(ActorCritic, "forward", recorded)
     results = []
     for apart in (True, False):
-        if not apart:
-            monkeypatch.setattr(OnlineTrainer, "value_pass_apart", property(lambda self: False))
         out = tmp_path / f"apart-{apart}"
         parts.clear()
         torch.manual_seed(0)
-        train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())
+        train(parse("ppo", f"{args} --value-pass-apart {str(apart).lower()} --output-dir {out}"), scorer=ThanksScorer())
         weights = load_file(next((out / "checkpoints").glob("step-2")) / "actor_critic.safetensors")
         results.append((read_metrics(out), weights, list(parts)))
     (rows_apart, w_apart, parts_apart), (rows_joint, w_joint, parts_joint) = results

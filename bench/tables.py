@@ -405,6 +405,8 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "c77d13f88f7e-dirty --repeats 2 --seed 1 --rows grpo,ppo,grpo-lora,ppo-lora",
     "89da4d6c93b6 --rows 'grpo accel-off'",
     "64d84b18f0f6 --rows 'rm,rm checkpointing' --skip-trl --max-wait 0.0",
+    "45806460a2f9 --repeats 3 --rows 'ppo,ppo vocab-chunk-off,ppo checkpointing' --skip-trl",
+    "cdda92e25d56 --repeats 3 --rows ppo",
 ]
 REAL_LABELS = {
     "sft": "sft",
@@ -419,18 +421,20 @@ REAL_LABELS = {
 
 def real_rows() -> tuple[dict, dict, list[Run]]:
     """Every row of the real-model runs by row name and framework, as a list of repeats: the runs' seeds together,
-    a later run's repeat replacing an earlier one of the same seed; the replaced rlhfkit rows (name -> (run,
-    results)); and the runs."""
+    a later run's repeat replacing an earlier one of the same seed; the rlhfkit rows as they were before their
+    first replacement (name -> (run, results)); and the runs."""
     runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
     by_seed: dict = {}
     replaced: dict = {}
+    again: set = set()
     for run in runs:
         for name, by_framework in run["rows"].items():
             for framework, results in by_framework.items():
                 seeds = by_seed.setdefault(name, {}).setdefault(framework, {})
                 for r in results:
-                    if framework == "rlhfkit" and r["seed"] in seeds:
+                    if framework == "rlhfkit" and r["seed"] in seeds and (name, r["seed"]) not in again:
                         replaced.setdefault(name, (seeds[r["seed"]][0], []))[1].append(seeds[r["seed"]][1])
+                        again.add((name, r["seed"]))  # a later run replacing this one again keeps the first
                     seeds[r["seed"]] = (run, r)
     rows = {
         name: {fw: [r for _, (_, r) in sorted(seeds.items())] for fw, seeds in by_framework.items()}

@@ -89,8 +89,8 @@ class DPOArgs:
     label_smoothing: float = 0.0
     """Conservative DPO: assumed probability that a preference label is flipped (sigmoid loss only)."""
     precompute_ref: bool = False
-    """Compute the reference log-probs of every training pair once before training, saving one reference
-    forward pass per step."""
+    """Compute each training pair's reference log-probs once and look them up after: with full fine-tuning all
+    before training (the reference copy is then freed), with LoRA each the first time its pair is drawn."""
 
 
 @dataclass

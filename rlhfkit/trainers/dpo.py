@@ -8,8 +8,10 @@ log pi_ref(y|x) (a copy of the starting model, or with LoRA the same backbone wi
 ``ops.dpo_loss`` turns the four into per-pair losses. The step's loss is the mean over all its pairs
 (``rlhfkit.training.loop``), so accumulation gives exactly the loss of one big batch.
 
-The reference never changes, so its log-probs can be computed once before training
-(``--precompute-ref``, one reference forward pass per step saved); for held-out pairs they always are.
+The reference never changes, so its log-probs can be computed once per pair (``--precompute-ref``): with
+full fine-tuning all before training, which frees the reference copy; with LoRA each the first time its pair
+is drawn (the reference is the policy's own backbone, so there is no copy to free, and a run shorter than an
+epoch computes no pair it never trains on). For held-out pairs they are always computed before training.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class Reference:
     ``model`` is a frozen copy of the starting model, or for LoRA the policy itself, run with its
     adapters off (the backbone is frozen, so that is the starting model, without a second copy of
     the weights). ``precompute(split, ...)`` stores ``[N, 2]`` (chosen, rejected) per row of a data
-    set; ``logps`` then looks rows up instead of running the model.
+    set; ``logps`` then looks rows up instead of running the model. ``cache(split, n)`` starts an empty table
+    that ``logps`` fills as rows are first asked for.
     """
 
     def __init__(self, model: torch.nn.Module, pack_sequences: bool = True):
@@ -93,18 +96,34 @@ class Reference:
         with adapters_off(self.model):
             return sequence_logprobs(self.model, seqs, self.pack_sequences)
 
-    def precompute(self, split: str, pairs: list[Pair], pad_id: int, batch_size: int, device, autocast) -> None:
+    def precompute(
+        self, split: str, pairs: list[Pair], pad_id: int, batch_size: int, device, autocast, report=None
+    ) -> None:
+        """Every row of ``pairs`` now; ``report(done, total)`` after each batch (a progress note)."""
         parts = []
         for rows in chunks(list(range(len(pairs))), batch_size):
             with autocast():
                 chosen, rejected = split_pairs(self.forward(make_batch(pairs, rows, pad_id, device).seqs))
             parts.append(torch.stack([chosen, rejected], dim=1).float().cpu())  # [b, 2]
+            if report is not None:
+                report(rows[-1] + 1, len(pairs))
         self.tables[split] = torch.cat(parts)
+
+    def cache(self, split: str, n: int) -> None:
+        self.tables[split] = torch.full((n, 2), float("nan"))
 
     def logps(self, batch: PairBatch, split: str) -> torch.Tensor:
         table = self.tables.get(split)
         if table is None:
             return self.forward(batch.seqs)
+        missing = torch.isnan(table[batch.rows, 0])
+        if missing.all():  # a batch first drawn: one pass over it fills the table
+            chosen, rejected = split_pairs(self.forward(batch.seqs))
+            table[batch.rows] = torch.stack([chosen, rejected], dim=1).float().cpu()
+        elif missing.any():  # some rows seen before: the pass costs the same, the table keeps its values
+            chosen, rejected = split_pairs(self.forward(batch.seqs))
+            fresh = torch.stack([chosen, rejected], dim=1).float().cpu()
+            table[batch.rows[missing]] = fresh[missing]
         looked_up = table[batch.rows].to(batch.seqs.input_ids.device)  # [B, 2]
         return torch.cat([looked_up[:, 0], looked_up[:, 1]])
 
@@ -182,19 +201,26 @@ def train(cfg: DPOConfig) -> dict:
         rows = session.micro_batch_size(cfg.optim)
         policy = accelerator.unwrap_model(trainables.model)
         reference = Reference(policy if lora else frozen.pop().to(device), pack_sequences)  # holds the only handle
+
         # Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored at
         # every evaluation), training pairs with --precompute-ref. A resumed run recomputes them; with
         # several processes each computes every row (the reference pass is a fraction of one epoch's work).
+        def report(split):
+            return lambda done, n: session.logger.note(f"reference log-probs of {split} pairs: {done}/{n}")
+
         if eval_pairs:
-            reference.precompute("eval", eval_pairs, pad_id, rows, device, accelerator.autocast)
-        if cfg.dpo.precompute_ref:
+            reference.precompute("eval", eval_pairs, pad_id, rows, device, accelerator.autocast, report("held-out"))
+        if cfg.dpo.precompute_ref and lora:
+            reference.cache("train", len(train_pairs))
+        elif cfg.dpo.precompute_ref:
             start = time.perf_counter()
-            reference.precompute("train", train_pairs, pad_id, rows, device, accelerator.autocast)
+            reference.precompute("train", train_pairs, pad_id, rows, device, accelerator.autocast, report("training"))
             session.logger.write(
                 f"dpo: reference log-probs of {len(train_pairs)} pairs precomputed in "
                 f"{time.perf_counter() - start:.1f}s"
             )
-            reference.release()  # with full fine-tuning this frees the reference copy
+            reference.release()  # frees the reference copy
+        session.logger.note("")
 
         def loss(model, batch: PairBatch):
             policy_logps = sequence_logprobs(model, batch.seqs, pack_sequences)  # [2B]: chosen + rejected

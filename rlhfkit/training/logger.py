@@ -38,7 +38,7 @@ class MetricsLogger:
         progress: bool = True,
         desc: str = "training",
     ):
-        self.enabled = enabled
+        self.enabled, self.desc = enabled, desc
         self.path = Path(output_dir) / "metrics.jsonl"
         self.writer = None
         self.bar = None
@@ -73,6 +73,12 @@ class MetricsLogger:
     def text(self, tag: str, text: str, step: int) -> None:
         if self.enabled:
             self.writer.add_text(tag, text, step)
+
+    def note(self, text: str) -> None:
+        """Show what the run is doing before its first step (e.g. a pass over the data) beside the bar's
+        description; an empty ``text`` clears it."""
+        if self.enabled:
+            self.bar.set_description_str(f"{self.desc} ({text})" if text else self.desc)
 
     def advance(self, n: int = 1) -> None:
         if self.enabled:

@@ -92,6 +92,21 @@ def test_reference_table_looks_rows_up_by_index(parts):
     assert not torch.allclose(looked_up, looked_up.roll(1), atol=1e-3)  # rows differ, so the order is tested
 
 
+def test_reference_cache_fills_rows_as_they_are_first_asked_for(parts, monkeypatch):
+    tokenizer, base, pairs = parts
+    reference = dpo.Reference(base)
+    reference.cache("train", len(pairs))
+    passes = []
+    forward = reference.forward
+    monkeypatch.setattr(reference, "forward", lambda seqs: passes.append(seqs.input_ids.shape[0]) or forward(seqs))
+    first, overlapping = ([5, 2, 0], [0, 3, 5])
+    for rows in (first, first, overlapping, overlapping):
+        batch = dpo.make_batch(pairs, rows, tokenizer.pad_token_id, "cpu")
+        torch.testing.assert_close(reference.logps(batch, "train"), forward(batch.seqs), rtol=0, atol=1e-5)
+    assert passes == [6, 6]  # a pass for the new batch, one for the batch with an unseen row; then look-ups
+    assert torch.isnan(reference.tables["train"][:, 0]).tolist() == [i not in (0, 2, 3, 5) for i in range(6)]
+
+
 def test_lora_reference_is_the_adapter_free_base(parts, task):
     tokenizer, base, pairs = parts
     policy = apply_lora(load_causal_lm(task.base, tokenizer=tokenizer), LoraArgs(lora_r=4))
@@ -141,3 +156,20 @@ def test_one_policy_pass_per_micro_batch_over_chosen_and_rejected(
     assert sum(1 for grad, _ in loop if grad) == 4  # 2 steps x 2 micro-batches
     assert all(rows == 6 for _, rows in loop)  # [2B, L]: 3 chosen + 3 rejected in one pass
     assert sum(1 for grad, _ in loop if not grad) == reference_passes
+
+
+def test_lora_precomputes_each_pair_when_first_drawn(dpo_config, monkeypatch):
+    """With LoRA the reference is the policy's backbone: --precompute-ref computes no pair before training, each
+    pair's reference log-probs in the step that first draws it, and none in the second epoch."""
+    calls = []
+    real = dpo.sequence_logprobs
+
+    def recording(model, seqs, pack_sequences):
+        calls.append(torch.is_grad_enabled())
+        return real(model, seqs, pack_sequences)
+
+    monkeypatch.setattr(dpo, "sequence_logprobs", recording)
+    cfg = dpo_config("run", "--lora-r", "4", "--batch-size", "4", "--max-steps", "10", "--precompute-ref", "true")
+    dpo.train(cfg)
+    # 20 training pairs: 5 steps per epoch, in the first each a reference pass (no grad) after the policy's
+    assert calls == [True, False] * 5 + [True] * 5

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch, split_head
+from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch, prompt_first, split_head
 from rlhfkit.data.collate import SequenceBatch
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits, vocab_chunks
 from rlhfkit.ops.vocab_chunks import head_logprobs
@@ -47,26 +47,46 @@ def token_logprobs(
 
 
 def labelled_logprobs(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, pack_sequences: bool = False
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    pack_sequences: bool = False,
+    response_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Log-probs ``[N]`` of the next tokens at the ``N`` positions where ``mask [B, L-1]`` is true (row-major order)
     of right-padded ``[B, L]`` rows, the LM head run on those positions only, a block at a time (``fused_head``):
     the ``[B, L-1, V]`` logits of every prompt and padding position are never built. None where the plain path
     (``next_token_logits``) must run: logits within one block, a LoRA-adapted or biased head, a model whose
-    forward is intercepted. The same numbers as ``logprobs_from_logits`` on ``next_token_logits``."""
+    forward is intercepted. The same numbers as ``logprobs_from_logits`` on ``next_token_logits``.
+    ``response_mask`` ``[B, L]`` (with ``mask`` its labelled response tokens): packed, rows with the same prompt
+    tokens (a preference pair's chosen and rejected replies) then share one copy of the prompt."""
     fused = fused_head(model, mask.numel())  # the logits the plain path would build
     if fused is None:
         return None
     body, weight = fused
-    packed = pack_batch(model, input_ids, attention_mask) if pack_sequences and can_pack(model) else None
+    packed = None
+    if pack_sequences and can_pack(model):
+        if response_mask is None:
+            packed = pack_batch(model, input_ids, attention_mask)
+        else:  # [left-padded prompt | response]: the layout whose prompts can be shared
+            ids, attn, width, _ = prompt_first(input_ids, attention_mask, response_mask, 0)
+            packed = pack_batch(model, ids, attn, prompt_width=width)
+            if packed is not None:  # (else the padded rows as they came: no wider than the relayout)
+                columns = torch.arange(ids.shape[1], device=ids.device)
+                input_ids, attention_mask = ids, attn
+                mask = (attn.bool() & (columns >= width))[:, 1:]  # each row's labels, in the same order
     states = stack_states(model, body, input_ids, attention_mask, 0, input_ids.shape[1] - 1, packed)
     return head_logprobs(states[mask], weight, input_ids[:, 1:][mask])[0]
 
 
 def sequence_logprobs(model, batch: SequenceBatch, pack_sequences: bool = False) -> torch.Tensor:
-    """``[B]`` sum of log-probs over each row's response tokens (DPO's log pi(y|x))."""
+    """``[B]`` sum of log-probs over each row's response tokens (DPO's log pi(y|x)); packed, rows with one prompt
+    share it (``labelled_logprobs``)."""
     mask = batch.response_mask[:, 1:].bool()
-    logprobs = labelled_logprobs(model, batch.input_ids, batch.attention_mask, mask, pack_sequences)
+    logprobs = labelled_logprobs(
+        model, batch.input_ids, batch.attention_mask, mask, pack_sequences, response_mask=batch.response_mask
+    )
     if logprobs is not None:
         rows = mask.nonzero()[:, 0]
         return torch.zeros(mask.shape[0], dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)

@@ -266,6 +266,40 @@ def test_preference_pairs_share_their_prompt_and_score_as_padded(always_pack, ar
     assert_same_gradients(results)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_preference_pairs_share_their_prompt_in_dpo_logprobs(always_pack, monkeypatch, arch):
+    """DPO's log pi(y|x) of a [2B, L] preference batch: packed, each pair's two replies share one copy of its
+    prompt, and the sums and gradients are the padded batch's. (Where the LM head runs a block of positions at a
+    time, as at a real vocabulary; here blocks of 3 positions.)"""
+    from rlhfkit.accel import packing
+    from rlhfkit.data.collate import collate_preferences
+    from rlhfkit.data.encode import Encoded
+    from rlhfkit.models import forward
+    from rlhfkit.models.forward import sequence_logprobs
+    from rlhfkit.ops import vocab_chunks
+
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 3 * VOCAB)
+
+    policy = causal_lm(arch, "sdpa")
+    rng = random.Random(8)
+    words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
+    pairs = []
+    for _ in range(5):
+        prompt = words(rng.randint(6, 14))
+        pairs.append((Encoded(prompt, words(rng.randint(1, 8))), Encoded(prompt, words(rng.randint(1, 8)))))
+    pairs.append((Encoded(words(3), words(2)), Encoded(words(4), words(5))))  # two prompts: nothing to share
+    batch = collate_preferences(pairs, PAD)
+    packed = []
+    monkeypatch.setattr(forward, "pack_batch", lambda *a, **k: packed.append(packing.pack_batch(*a, **k)) or packed[-1])
+    results = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
+    assert torch.allclose(results[0][0], results[1][0], atol=5e-5)
+    assert_same_gradients(results)
+    _, mask, _, _ = packing.prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, PAD)
+    shared_prompts = sum(len(c.prompt_ids) for c, _ in pairs[:5])
+    (only,) = packed
+    assert only.index[mask.bool()].unique().numel() == int(mask.sum()) - shared_prompts  # each prompt laid out once
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
 def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
     """DPO's log pi(y|x) of right-padded prompt + response rows: same sums and gradients packed or padded."""

@@ -407,6 +407,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "64d84b18f0f6 --rows 'rm,rm checkpointing' --skip-trl --max-wait 0.0",
     "45806460a2f9 --repeats 3 --rows 'ppo,ppo vocab-chunk-off,ppo checkpointing' --skip-trl",
     "cdda92e25d56 --repeats 3 --rows ppo",
+    "529a2d36f3bd --rows 'dpo,dpo checkpointing,dpo vocab-chunk-off' --skip-trl --max-wait 0.0",
 ]
 REAL_LABELS = {
     "sft": "sft",

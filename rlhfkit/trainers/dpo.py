@@ -117,10 +117,7 @@ class Reference:
         if table is None:
             return self.forward(batch.seqs)
         missing = torch.isnan(table[batch.rows, 0])
-        if missing.all():  # a batch first drawn: one pass over it fills the table
-            chosen, rejected = split_pairs(self.forward(batch.seqs))
-            table[batch.rows] = torch.stack([chosen, rejected], dim=1).float().cpu()
-        elif missing.any():  # some rows seen before: the pass costs the same, the table keeps its values
+        if missing.any():  # rows drawn for the first time: one pass over the batch fills them in
             chosen, rejected = split_pairs(self.forward(batch.seqs))
             fresh = torch.stack([chosen, rejected], dim=1).float().cpu()
             table[batch.rows[missing]] = fresh[missing]
@@ -202,12 +199,13 @@ def train(cfg: DPOConfig) -> dict:
         policy = accelerator.unwrap_model(trainables.model)
         reference = Reference(policy if lora else frozen.pop().to(device), pack_sequences)  # holds the only handle
 
-        # Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored at
-        # every evaluation), training pairs with --precompute-ref. A resumed run recomputes them; with
-        # several processes each computes every row (the reference pass is a fraction of one epoch's work).
         def report(split):
             return lambda done, n: session.logger.note(f"reference log-probs of {split} pairs: {done}/{n}")
 
+        # Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored at
+        # every evaluation), training pairs with --precompute-ref (with LoRA as they are drawn). A resumed run
+        # recomputes them; with several processes each computes every row it needs (the reference pass is a fraction of
+        # one epoch's work).
         if eval_pairs:
             reference.precompute("eval", eval_pairs, pad_id, rows, device, accelerator.autocast, report("held-out"))
         if cfg.dpo.precompute_ref and lora:

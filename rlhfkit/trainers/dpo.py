@@ -204,8 +204,8 @@ def train(cfg: DPOConfig) -> dict:
 
         # Reference log-probs that are fixed for the whole run: held-out pairs always (they are scored at
         # every evaluation), training pairs with --precompute-ref (with LoRA as they are drawn). A resumed run
-        # recomputes them; with several processes each computes every row it needs (the reference pass is a fraction of
-        # one epoch's work).
+        # recomputes them; with several processes each computes every row it needs (the reference pass is a
+        # fraction of one epoch's work).
         if eval_pairs:
             reference.precompute("eval", eval_pairs, pad_id, rows, device, accelerator.autocast, report("held-out"))
         if cfg.dpo.precompute_ref and lora:

@@ -227,6 +227,22 @@ def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
     assert_same_gradients(results)
 
 
+def preference_pairs(seed: int):
+    """Five (chosen, rejected) pairs that share their prompt and one pair with two prompts (nothing to share), and
+    their ``[2B, L]`` right-padded batch (chosen rows, then rejected rows)."""
+    from rlhfkit.data.collate import collate_preferences
+    from rlhfkit.data.encode import Encoded
+
+    rng = random.Random(seed)
+    words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
+    pairs = []
+    for _ in range(5):
+        prompt = words(rng.randint(6, 14))
+        pairs.append((Encoded(prompt, words(rng.randint(1, 8))), Encoded(prompt, words(rng.randint(1, 8)))))
+    pairs.append((Encoded(words(3), words(2)), Encoded(words(4), words(5))))
+    return pairs, collate_preferences(pairs, PAD)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_preference_pairs_share_their_prompt_and_score_as_padded(always_pack, arch):
     """RM training's [2B, L] batch (chosen rows, then rejected rows, right-padded): each pair's two replies
@@ -234,22 +250,13 @@ def test_preference_pairs_share_their_prompt_and_score_as_padded(always_pack, ar
     from transformers import AutoModelForSequenceClassification
 
     from rlhfkit.accel.packing import prompt_first
-    from rlhfkit.data.collate import collate_preferences
-    from rlhfkit.data.encode import Encoded
     from rlhfkit.models.reward import sequence_scores
 
     config = make_config(arch, VOCAB, EOS)
     config.num_labels, config.pad_token_id = 1, PAD
     torch.manual_seed(3)
     rm = AutoModelForSequenceClassification.from_config(config).eval()
-    rng = random.Random(6)
-    words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
-    pairs = []
-    for _ in range(5):
-        prompt = words(rng.randint(6, 14))
-        pairs.append((Encoded(prompt, words(rng.randint(1, 8))), Encoded(prompt, words(rng.randint(1, 8)))))
-    pairs.append((Encoded(words(3), words(2)), Encoded(words(4), words(5))))  # two prompts: nothing to share
-    batch = collate_preferences(pairs, PAD)
+    pairs, batch = preference_pairs(seed=6)
 
     ids, mask, width, shift = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, PAD)
     assert width == max(len(c.prompt_ids) for c, _ in pairs)
@@ -272,8 +279,6 @@ def test_preference_pairs_share_their_prompt_in_dpo_logprobs(always_pack, monkey
     prompt, and the sums and gradients are the padded batch's. (Where the LM head runs a block of positions at a
     time, as at a real vocabulary; here blocks of 3 positions.)"""
     from rlhfkit.accel import packing
-    from rlhfkit.data.collate import collate_preferences
-    from rlhfkit.data.encode import Encoded
     from rlhfkit.models import forward
     from rlhfkit.models.forward import sequence_logprobs
     from rlhfkit.ops import vocab_chunks
@@ -281,14 +286,7 @@ def test_preference_pairs_share_their_prompt_in_dpo_logprobs(always_pack, monkey
     monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 3 * VOCAB)
 
     policy = causal_lm(arch, "sdpa")
-    rng = random.Random(8)
-    words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
-    pairs = []
-    for _ in range(5):
-        prompt = words(rng.randint(6, 14))
-        pairs.append((Encoded(prompt, words(rng.randint(1, 8))), Encoded(prompt, words(rng.randint(1, 8)))))
-    pairs.append((Encoded(words(3), words(2)), Encoded(words(4), words(5))))  # two prompts: nothing to share
-    batch = collate_preferences(pairs, PAD)
+    pairs, batch = preference_pairs(seed=8)
     packed = []
     monkeypatch.setattr(forward, "pack_batch", lambda *a, **k: packed.append(packing.pack_batch(*a, **k)) or packed[-1])
     results = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))

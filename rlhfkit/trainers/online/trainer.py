@@ -364,10 +364,8 @@ class OnlineTrainer:
             )
         logprobs, values, entropy = outputs
         if part == "value":
-            vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.critic_args.value_clip)
-            loss = self.critic_args.vf_coef * vf_loss
-            stats = {"loss/total": loss, "loss/value": vf_loss, "value/clipfrac": vf_stats["clipfrac"]}
-            return loss, {k: float(v.detach()) for k, v in stats.items()}
+            loss, stats = self.value_term(values, mb, mask)
+            return loss, {k: float(v.detach()) for k, v in {"loss/total": loss, **stats}.items()}
         p = self.policy_args
         surrogate = ops.ppo_policy_loss_per_token if p.importance_ratio == "token" else ops.sequence_ratio_policy_loss
         per_token, pg_stats = surrogate(
@@ -377,9 +375,9 @@ class OnlineTrainer:
         stats = {"loss/policy": pg_loss}
         loss = pg_loss
         if self.critic_args is not None and part == "both":
-            vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.critic_args.value_clip)
-            loss = loss + self.critic_args.vf_coef * vf_loss
-            stats.update({"loss/value": vf_loss, "value/clipfrac": vf_stats["clipfrac"]})
+            vf_term, vf_stats = self.value_term(values, mb, mask)
+            loss = loss + vf_term
+            stats.update(vf_stats)
         ent = self.aggregate(entropy, mask)
         loss = loss - p.entropy_coef * ent
         if self.kl_args.kl_in_loss and self.has_reference:
@@ -398,6 +396,11 @@ class OnlineTrainer:
             }
         )
         return loss, {k: float(v.detach()) for k, v in stats.items()}
+
+    def value_term(self, values: torch.Tensor, mb: Rollout, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """c1*L_V of one (micro-)batch, and its stats (the value loss, its clip fraction)."""
+        vf_loss, vf_stats = ops.value_loss(values, mb.values, mb.returns, mask, self.critic_args.value_clip)
+        return self.critic_args.vf_coef * vf_loss, {"loss/value": vf_loss, "value/clipfrac": vf_stats["clipfrac"]}
 
     def units(self, loss_mask: torch.Tensor) -> float:
         """The loss units of rows with ``loss_mask`` ``[b, T]``: tokens for token-mean, non-empty rows for

@@ -37,6 +37,7 @@ from rlhfkit.trainers.online.rewards import RewardBatch, Rewards
 from rlhfkit.trainers.online.rollout import Rollout, action_order, conversation_tensors, gather_rollout, generate
 from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import any_rank, gather_rows, reduce_mean, reduce_sum
+from rlhfkit.training.runtime import release_freed_memory
 from rlhfkit.training.stream import IndexStream
 
 MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
@@ -208,6 +209,7 @@ class OnlineTrainer:
             t["query_ids"], t["query_mask"], t["response_ids"], t["response_mask"]
         )  # fmt: skip
         action_mask, turn_rewards, finished = t["action_mask"], t["turn_rewards"], reward_batch.finished
+        release_freed_memory()  # the sampler's buffers
         metrics["time/generate_s"] = time.perf_counter() - phase_start
         # 2. Reward.
         phase_start = time.perf_counter()
@@ -475,6 +477,7 @@ class OnlineTrainer:
         rollout, everyone, first_pass, metrics = self.make_rollout(batch)
         if not torch.isfinite(everyone.rewards).all() or not torch.isfinite(everyone.advantages).all():
             return self._skip("reward")
+        release_freed_memory()  # the teacher-forced passes' activations (all but a reused first pass's)
         phase_start = time.perf_counter()
         train_stats = self.train_epochs(rollout, first_pass)
         del first_pass

@@ -408,6 +408,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "45806460a2f9 --repeats 3 --rows 'ppo,ppo vocab-chunk-off,ppo checkpointing' --skip-trl",
     "cdda92e25d56 --repeats 3 --rows ppo",
     "529a2d36f3bd --rows 'dpo,dpo checkpointing,dpo vocab-chunk-off' --skip-trl --max-wait 0.0",
+    "d52f1f507371 --repeats 3 --rows grpo --max-wait 60.0",
 ]
 REAL_LABELS = {
     "sft": "sft",

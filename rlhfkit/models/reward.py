@@ -10,10 +10,10 @@ A reward model is an ``AutoModelForSequenceClassification`` with one output. Whe
 - Encoders (BERT-like) pool the first ([CLS]) token themselves; their output logit is the score.
 
 A directory made by ``rlhfkit rm`` also holds ``reward_stats.json`` (score mean/std over the training
-responses, for PPO's reward normalisation, and the lengths the model was trained with). An ensemble
-directory holds ``ensemble.json``, listing member directories relative to it (``"."`` is the root,
-itself member 0, so ``from_pretrained(OUT)`` still loads a working reward model) and the ensemble's
-statistics.
+responses, at most 500 pairs' worth, for PPO's reward normalisation, and the lengths the model was trained
+with). An ensemble directory holds ``ensemble.json``, listing member directories relative to it (``"."``
+is the root, itself member 0, so ``from_pretrained(OUT)`` still loads a working reward model) and the
+ensemble's statistics.
 """
 
 from __future__ import annotations

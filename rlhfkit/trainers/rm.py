@@ -32,16 +32,19 @@ from rlhfkit.models.reward import (
     STATS_FILE,
     RewardScorer,
     build_reward_model,
-    score_encoded,
     score_stats,
     sequence_scores,
 )
 from rlhfkit.ops import bradley_terry_loss
 from rlhfkit.training import engines
+from rlhfkit.training.batches import chunks
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout, pick_device, seed_everything
 from rlhfkit.training.session import Session, Trainables
+
+# reward_stats.json (the score mean and std PPO normalises with) comes from at most this many training pairs
+STATS_PAIRS = 500
 
 
 @dataclass
@@ -100,11 +103,43 @@ def pair_scores(model, batch: PairBatch, pack_sequences: bool = True) -> tuple[t
 
 
 @torch.no_grad()
+def score_pairs(
+    model, pairs: Pairs, pad_id: int, rows: int, device, pack_sequences: bool = True, idx: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([N], [N])`` chosen and rejected scores of the pairs ``idx`` (default: all), in that order, ``rows``
+    sequences (rows // 2 pairs) per forward, batched by length. A pair's two replies go through the same
+    forward, as in training, so packing lays their prompt out once. Eval mode for the pass, then restored."""
+    idx = list(range(len(pairs.chosen))) if idx is None else idx
+
+    def length(i: int) -> int:
+        c, r = pairs.chosen[i], pairs.rejected[i]
+        return len(c.prompt_ids) + max(len(c.response_ids), len(r.response_ids))
+
+    was_training = model.training
+    model.eval()
+    chosen, rejected = torch.empty(len(idx)), torch.empty(len(idx))
+    for js in chunks(sorted(range(len(idx)), key=lambda j: length(idx[j])), max(1, rows // 2)):
+        batch = collate(pairs, [idx[j] for j in js], pad_id)
+        c, r = pair_scores(model, PairBatch(batch.seqs.to(device), batch.margin), pack_sequences)
+        chosen[js], rejected[js] = c.float().cpu(), r.float().cpu()
+    model.train(was_training)
+    return chosen, rejected
+
+
+def stats_pairs(n: int) -> list[int]:
+    """The training pairs whose scores give ``reward_stats.json``: all of them up to ``STATS_PAIRS``, else
+    ``STATS_PAIRS`` of them drawn with a fixed seed (the same on every process)."""
+    limit = STATS_PAIRS
+    if n <= limit:
+        return list(range(n))
+    return sorted(torch.randperm(n, generator=torch.Generator().manual_seed(0))[:limit].tolist())
+
+
+@torch.no_grad()
 def evaluate(
     model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_sequences: bool = True
 ) -> dict[str, float]:
-    chosen = score_encoded(model, pairs.chosen, pad_id, batch_size, device, pack_sequences)
-    rejected = score_encoded(model, pairs.rejected, pad_id, batch_size, device, pack_sequences)
+    chosen, rejected = score_pairs(model, pairs, pad_id, batch_size, device, pack_sequences)
     margin = torch.tensor(pairs.margin)
     return {
         "eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
@@ -205,13 +240,8 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
             else session.accelerator.unwrap_model(trainables.model)
         )
         rows = 2 * session.micro_batch_size(cfg.optim)
-        with torch.no_grad():
-            scores = torch.cat(
-                [
-                    score_encoded(model, pairs, pad_id, rows, session.device, pack_sequences)
-                    for pairs in (train_pairs.chosen, train_pairs.rejected)
-                ]
-            )
+        picked = stats_pairs(len(train_pairs.chosen))
+        scores = torch.cat(score_pairs(model, train_pairs, pad_id, rows, session.device, pack_sequences, picked))
         session.finish(trainables.model, tokenizer, close=False)
         if session.is_main:
             stats = {

@@ -190,3 +190,47 @@ def test_implicit_prompt_pairs_train_end_to_end(tiny_lm, tmp_path):
     chosen = scorer.score(prompts, [r["chosen"] for r in held_out]).mean
     rejected = scorer.score(prompts, [r["rejected"] for r in held_out]).mean
     assert float((chosen > rejected).float().mean()) == pytest.approx(metrics(out)[-1]["eval/accuracy"], abs=1e-6)
+
+
+def test_pairs_scored_side_by_side_match_each_reply_scored_alone(trained, task_data):
+    """Evaluation and the statistics score a pair's two replies in one forward (their prompt laid out once
+    when packed): the same scores as each reply scored on its own, for all pairs or a subset in its order."""
+    from rlhfkit.data.schema import load_examples
+    from rlhfkit.models.loading import load_reward_model, load_tokenizer
+    from rlhfkit.models.reward import score_encoded
+    from rlhfkit.trainers.rm import encode_all, score_pairs
+
+    tokenizer = load_tokenizer(trained)
+    model = load_reward_model(trained)
+    cfg = rm_config(["--model", trained, "--data", task_data["eval"], "--output-dir", "unused"] + FAST)
+    pairs = encode_all(tokenizer, load_examples(task_data["eval"], "preference", "eval"), cfg.data)
+    pad = tokenizer.pad_token_id
+    for pack in (True, False):
+        chosen, rejected = score_pairs(model, pairs, pad, 16, "cpu", pack)
+        assert torch.allclose(chosen, score_encoded(model, pairs.chosen, pad, 16, "cpu", pack), atol=1e-5)
+        assert torch.allclose(rejected, score_encoded(model, pairs.rejected, pad, 16, "cpu", pack), atol=1e-5)
+    some = [7, 3, 50, 0]
+    chosen_some, rejected_some = score_pairs(model, pairs, pad, 6, "cpu", True, some)
+    assert torch.allclose(chosen_some, chosen[some], atol=1e-5)
+    assert torch.allclose(rejected_some, rejected[some], atol=1e-5)
+
+
+def test_reward_stats_of_many_pairs_come_from_a_fixed_draw_of_them(tiny_lm, task_data, tmp_path, monkeypatch):
+    monkeypatch.setattr(rm, "STATS_PAIRS", 50)
+    picked = rm.stats_pairs(320)
+    assert len(set(picked)) == 50 and picked == sorted(picked) and picked == rm.stats_pairs(320)
+    assert rm.stats_pairs(40) == list(range(40))
+    out = tmp_path / "rm"
+    args = ["--model", tiny_lm, "--data", task_data["train"], "--output-dir", str(out), "--max-steps", "2"]
+    rm.train(rm_config(args + FAST))
+    stats = json.loads((out / "reward_stats.json").read_text())
+    rows = [json.loads(line) for line in Path(task_data["train"]).read_text().splitlines()]
+    rows = [rows[i] for i in picked]
+    scores = (
+        RewardScorer.load(str(out), "cpu")
+        .score([r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows])
+        .mean
+    )
+    assert stats["count"] == 100
+    assert stats["mean"] == pytest.approx(float(scores.mean()), abs=1e-5)
+    assert stats["std"] == pytest.approx(float(scores.std()), abs=1e-5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import random
 
@@ -77,7 +78,16 @@ def disable_dropout(model: torch.nn.Module) -> None:
                 setattr(module, name, 0.0)
 
 
-_LIBC = None
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl, Windows)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+    except OSError:
+        return None
 
 
 def release_freed_memory() -> None:
@@ -88,15 +98,6 @@ def release_freed_memory() -> None:
     free. An online step frees whole phases' worth of them (the decode step's key / value buffers after
     sampling, the teacher-forced passes' activations before the update), and the next phase's tensors then
     come on top of those pages in the process's resident size. Trimming between phases costs milliseconds."""
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC = libc if hasattr(libc, "malloc_trim") else False
-        except OSError:
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

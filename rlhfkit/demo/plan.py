@@ -36,10 +36,13 @@ TINY = {
 }
 LORA = "--lora-r 16 --lora-alpha 32"
 PRETRAINED = {
-    # A pretrained chat model of ~100M+ parameters on 2 CPU cores. On SmolLM2-135M the run takes 70-75 minutes
-    # (docs/demo.md); the held-out evaluations of the reward model and DPO run once, at their last step (each one
-    # is ~2 minutes of forward passes). The reward model's rate: at 2e-5 its held-out accuracy stopped rising
-    # halfway through its 150 steps (0.705 -> 0.707, seed 1); at 6e-5 it reached 0.740 and 0.752 (two runs).
+    # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo.md). The
+    # held-out evaluations of the reward model and DPO run once, at their last step (each one is ~1-2 minutes of
+    # forward passes). The reward model's rate: at 2e-5 its held-out accuracy stopped rising halfway through its
+    # 150 steps (0.705 -> 0.707, seed 1); at 6e-5 it reached 0.740 and 0.752 (two runs). PPO makes two epochs of
+    # two minibatches over each batch of rollouts: one update per batch (one epoch, one minibatch, which reuses
+    # the rollout's forward pass) took 16 s a step against 25 s, but after 30 steps its gold score had not moved
+    # from SFT's (1.95 against 1.96; two epochs: 2.11; 400 replies each, seed 1).
     "sft": f"--max-steps 120 --learning-rate 2e-4 --batch-size 8 --warmup-steps 10 --eval-steps 60 {LORA}",
     "rm": "--max-steps 150 --learning-rate 6e-5 --batch-size 8 --eval-steps 150",
     "ppo": (
@@ -86,7 +89,9 @@ def plan(quick: bool, model: str = "") -> Plan:
     if pretrained:
         sizes = {"sft": 1200, "prefs_train": 1200, "prefs_eval": 400}
         notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages, value head on the policy"]
-        return Plan(PRETRAINED, sizes, 40, 1, value_model=False, parameters=parameters, notes=notes)
+        # Two samples per held-out prompt: a reply's gold score varies with a standard deviation of ~1.3 (SFT on
+        # SmolLM2), so one sample for each of 100 prompts leaves two policies' difference uncertain by ~0.19.
+        return Plan(PRETRAINED, sizes, 40, 2, value_model=False, parameters=parameters, notes=notes)
     # Rows of task data: more than the task's defaults, so the 3000 SFT steps see each demonstration ~6 times
     # rather than 24 (less overfitting) and the reward model sees each pair about three times; 2000 held-out pairs
     # measure its accuracy (and the label-noise ceiling) to about +-0.01.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 from pathlib import Path
 
 from rlhfkit.tasks.support.prompts import customer_message
@@ -81,6 +83,16 @@ def plot(out: Path) -> list[str]:
     return ["ppo_curves.png", "proxy_vs_gold.png"]
 
 
+def gold_standard_error(samples: list[dict]) -> float:
+    """Standard error of the mean gold score of sampled replies (rows with ``"gold"``); NaN below two rows."""
+    golds = [row["gold"] for row in samples if row.get("gold") is not None]
+    return statistics.stdev(golds) / math.sqrt(len(golds)) if len(golds) > 1 else math.nan
+
+
+def plus_minus(se: float) -> str:
+    return "" if math.isnan(se) else f" ± {se:.3f}"
+
+
 def gold_peak(rows: list[dict]) -> tuple[int, float] | None:
     """(step, gold) of the highest held-out gold score a PPO run logged (``--gold-steps``), or None."""
     steps, golds = _series(rows, "reward/gold")
@@ -113,11 +125,14 @@ def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, floa
     """The report's opening in plain words: what was trained (``ABOUT``), and what the numbers show.
     ``no_kl_peak``: the (step, gold) at which the beta = 0 run's logged gold score peaked."""
     gold = {n: m[n]["reward/gold"] for n in MODELS}
-    ppo, dpo, hack = gold["ppo"] - gold["sft"], gold["dpo"] - gold["sft"], m["ppo_no_kl"]
+    hack = m["ppo_no_kl"]
     kl, kl_ppo = hack.get("kl/ref", float("nan")), m["ppo"].get("kl/ref", float("nan"))
 
-    def moved(delta: float) -> str:
-        return f"raised it by {number(delta, '+.2f')}" if delta > 0 else f"changed it by {number(delta, '+.2f')}"
+    def moved(name: str) -> str:
+        delta = gold[name] - gold["sft"]
+        text = f"raised it by {number(delta, '+.2f')}" if delta > 0 else f"changed it by {number(delta, '+.2f')}"
+        se = math.hypot(m[name].get("reward/gold_se", math.nan), m["sft"].get("reward/gold_se", math.nan))
+        return text if math.isnan(se) else f"{text} (± {se:.2f})"
 
     over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["ppo"]
     if over:
@@ -144,7 +159,12 @@ def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, floa
         )
     shows = (
         f"**What it shows.** The SFT model's replies score {gold['sft']:.2f} with the gold judge (out of 5). "
-        f"PPO with the KL penalty {moved(ppo)}, to {gold['ppo']:.2f}; DPO {moved(dpo)}, to {gold['dpo']:.2f}. "
+        f"PPO with the KL penalty {moved('ppo')}, to {gold['ppo']:.2f}; DPO {moved('dpo')}, to {gold['dpo']:.2f}. "
+        + (
+            "(± is one standard error of the difference, from the spread of the replies' gold scores.) "
+            if not math.isnan(m["sft"].get("reward/gold_se", math.nan))
+            else ""
+        )
         + no_kl
         + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
         f"reach {ceiling:.0%}, since the raters are noisy."
@@ -162,8 +182,9 @@ def write_report(
     stage_seconds = stages.seconds
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
-    m = {name: r["metrics"] for name, r in results.items()}
+    m = {name: {**r["metrics"], "reward/gold_se": gold_standard_error(r["samples"])} for name, r in results.items()}
     summary = {"quick": quick, "model": model or "built-in", **{f"gold/{n}": m[n].get("reward/gold") for n in MODELS}}
+    summary.update({f"gold_se/{n}": m[n]["reward/gold_se"] for n in MODELS})
     summary.update({f"rm_score/{n}": m[n].get("reward/score") for n in MODELS})
     summary.update({f"kl/{n}": m[n].get("kl/ref") for n in MODELS if n != "sft"})
     summary.update({f"length/{n}": m[n].get("response/length") for n in MODELS})
@@ -193,15 +214,15 @@ def write_report(
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
         "",
-        "| model | gold | RM score | KL to SFT | names the product | product named | length (words) | distinct-2 "
-        "| repetition |",
+        "| model | gold ± s.e. | RM score | KL to SFT | names the product | product named | length (words) "
+        "| distinct-2 | repetition |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for n, label in MODELS.items():
         x = m[n]
         kl = "—" if n == "sft" else number(x.get("kl/ref", float("nan")))
         lines.append(
-            f"| {label} | {x['reward/gold']:.3f} | {x['reward/score']:.3f} | {kl} "
+            f"| {label} | {x['reward/gold']:.3f}{plus_minus(x['reward/gold_se'])} | {x['reward/score']:.3f} | {kl} "
             f"| {x.get('names_product', float('nan')):.2f} | {x.get('mentions_product', float('nan')):.2f} "
             f"| {x['response/length']:.1f} | {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |"
         )

@@ -4,6 +4,7 @@ report says so); `rlhfkit eval` measures what it says; the reward-hacking monito
 from __future__ import annotations
 
 import json
+import math
 import re
 from types import SimpleNamespace
 
@@ -227,6 +228,26 @@ def test_full_and_quick_reports_of_the_support_task(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert report.splitlines()[2] == QUICK_RUN and "What it shows" not in report
     assert "never negative" not in report
+
+
+def test_report_gives_each_gold_score_its_standard_error(tmp_path):
+    from rlhfkit.demo.report import gold_standard_error, write_report
+
+    golds = {"sft": [1.0, 2.0, 3.0, 2.0], "ppo": [2.0, 2.0, 4.0, 4.0], "ppo_no_kl": [0.0] * 4, "dpo": [3.0] * 4}
+    assert gold_standard_error([{"gold": g} for g in golds["sft"]]) == pytest.approx(0.4082, abs=1e-4)
+    assert math.isnan(gold_standard_error([{"gold": 1.0}]))  # one reply: no spread to measure
+    stages = SimpleNamespace(seconds={"SFT": 3.0}, load={"SFT": 1.0}, beside={})
+    results = fake_results({"sft": 0.0, "ppo": 1.0, "ppo_no_kl": 9.0, "dpo": 2.0})
+    for name, policy in results.items():
+        policy["samples"] = [{"prompt": "Customer: hi. Agent:", "response": " hello", "gold": g} for g in golds[name]]
+        policy["metrics"]["reward/gold"] = sum(golds[name]) / 4
+    summary = write_report(tmp_path, results, 0.8, stages, 60.0)
+    assert summary["gold_se/ppo"] == pytest.approx(0.5774, abs=1e-4) and summary["gold_se/dpo"] == 0.0
+    report = (tmp_path / "report.md").read_text()
+    assert "| SFT | 2.000 ± 0.408 |" in report and "| PPO (KL on) | 3.000 ± 0.577 |" in report
+    # the differences from SFT: their errors added in quadrature
+    assert "raised it by +1.00 (± 0.71), to 3.00" in report and "raised it by +1.00 (± 0.41), to 3.00" in report
+    assert "one standard error of the difference" in report
 
 
 def test_sample_headings_show_the_customer_message_of_a_chat_prompt(tmp_path):

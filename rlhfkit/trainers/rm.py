@@ -259,7 +259,8 @@ def write_ensemble(
     cfg: RMConfig, members: list[Path], train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]
 ) -> dict:
     """Write ``OUT/ensemble.json``: members, seeds, conservative k, and the statistics of the ensemble
-    mean over the training responses (what PPO normalises), plus held-out accuracy when eval data is given."""
+    mean over the training responses of the pairs ``stats_pairs`` picks (what PPO normalises), plus held-out
+    accuracy when eval data is given."""
     root = Path(cfg.run.output_dir)
     names = [str(m.relative_to(root)) for m in members]
     info = {
@@ -271,11 +272,12 @@ def write_ensemble(
     device = pick_device(cfg.run.cpu)
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
     rows = 2 * max(1, cfg.optim.batch_size // cfg.optim.gradient_accumulation_steps)
-    prompts = [ex.prompt for ex in train_examples]
+    picked = [train_examples[i] for i in stats_pairs(len(train_examples))]
+    prompts = [ex.prompt for ex in picked]
     scores = torch.cat(
         [
-            scorer.member_scores(prompts, [ex.chosen for ex in train_examples], rows),
-            scorer.member_scores(prompts, [ex.rejected for ex in train_examples], rows),
+            scorer.member_scores(prompts, [ex.chosen for ex in picked], rows),
+            scorer.member_scores(prompts, [ex.rejected for ex in picked], rows),
         ],
         dim=1,
     )

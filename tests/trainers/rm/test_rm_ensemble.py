@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfkit.cli.main import main
+from rlhfkit.data.schema import load_examples
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.trainers import rm
 
@@ -97,6 +98,28 @@ def test_ensemble_stats_are_of_the_mean_score(ensemble, task_data):
     assert scorer.stats == {"mean": info["stats"]["mean"], "std": info["stats"]["std"]}
     member0 = json.loads((ensemble / "reward_stats.json").read_text())
     assert member0["mean"] != pytest.approx(info["stats"]["mean"], abs=1e-4)
+
+
+def test_ensemble_stats_of_many_pairs_come_from_the_members_draw(ensemble, tiny_lm, task_data, tmp_path, monkeypatch):
+    root = tmp_path / "rm"
+    shutil.copytree(ensemble, root)
+    monkeypatch.setattr(rm, "STATS_PAIRS", 40)
+    cfg = rm_config(ensemble_argv(tiny_lm, task_data, root))
+    train = load_examples(task_data["train"], "preference", "test")
+    rm.write_ensemble(cfg, [root, root / "member-1"], train, [])
+    stats = json.loads((root / "ensemble.json").read_text())["stats"]
+    rows = [train[i] for i in rm.stats_pairs(len(train))]
+    assert len(rows) == 40
+    mean = (
+        RewardScorer.load(str(root), "cpu")
+        .score([r.prompt for r in rows] * 2, [r.chosen for r in rows] + [r.rejected for r in rows])
+        .mean
+    )
+    assert stats["count"] == 80
+    assert stats["mean"] == pytest.approx(float(mean.mean()), abs=1e-5)
+    assert stats["std"] == pytest.approx(float(mean.std()), abs=1e-5)
+    everything = json.loads((ensemble / "ensemble.json").read_text())["stats"]
+    assert everything["count"] == 640 and everything["mean"] != pytest.approx(stats["mean"], abs=1e-4)
 
 
 def test_score_command_adds_score_std(ensemble, tmp_path):

@@ -39,10 +39,11 @@ PRETRAINED = {
     # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo.md). The
     # held-out evaluations of the reward model and DPO run once, at their last step (each one is ~1-2 minutes of
     # forward passes). The reward model's rate: at 2e-5 its held-out accuracy stopped rising halfway through its
-    # 150 steps (0.705 -> 0.707, seed 1); at 6e-5 it reached 0.740 and 0.752 (two runs). PPO makes two epochs of
-    # two minibatches over each batch of rollouts: one update per batch (one epoch, one minibatch, which reuses
-    # the rollout's forward pass) took 16 s a step against 25 s, but after 30 steps its gold score had not moved
-    # from SFT's (1.95 against 1.96; two epochs: 2.11; 400 replies each, seed 1).
+    # 150 steps (0.705 -> 0.707, seed 1); at 6e-5 it reached 0.740 and 0.752 (seed 1, two runs), 0.723 and 0.767
+    # (seeds 0 and 2). PPO makes two epochs of two minibatches over each batch of rollouts: one update per batch
+    # (one epoch, one minibatch, which reuses the rollout's forward pass) took 16 s a step against 25 s, but after
+    # 30 steps its gold score had not moved from SFT's (1.95 against 1.96; two epochs: 2.11; 400 replies each,
+    # seed 1).
     "sft": f"--max-steps 120 --learning-rate 2e-4 --batch-size 8 --warmup-steps 10 --eval-steps 60 {LORA}",
     "rm": "--max-steps 150 --learning-rate 6e-5 --batch-size 8 --eval-steps 150",
     "ppo": (

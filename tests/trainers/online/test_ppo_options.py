@@ -228,7 +228,15 @@ def test_the_lm_head_taken_block_by_block_gives_the_same_update(thanks_task, tmp
     for a, b in zip(rows_plain, rows_fused):
         for key in ("loss/policy", "loss/value", "kl/ref", "policy/entropy", "reward/score"):
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
-    assert max(float((w_plain[k] - w_fused[k]).abs().max()) for k in w_plain) < 1e-4
+    # Adam moves a weight whose gradient is near 0 by up to the learning rate whatever that gradient's rounding,
+    # so the two runs' weights are compared through the whole update: their difference against what training
+    # changed (a wrong gradient would make the two about equal).
+    start = load_file(model / "model.safetensors")
+    keys = [k for k in w_plain if k in start]
+    apart = sum(float((w_plain[k] - w_fused[k]).square().sum()) for k in keys) ** 0.5
+    moved = sum(float((w_plain[k] - start[k]).square().sum()) for k in keys) ** 0.5
+    print(f"weights apart {apart:.3g}, moved {moved:.3g}")
+    assert moved > 0 and apart < 1e-2 * moved
 
 
 @pytest.mark.parametrize("lora", [0, 4])

@@ -100,7 +100,9 @@ def test_ensemble_stats_are_of_the_mean_score(ensemble, task_data):
     assert member0["mean"] != pytest.approx(info["stats"]["mean"], abs=1e-4)
 
 
-def test_ensemble_stats_of_many_pairs_come_from_the_members_draw(ensemble, tiny_lm, task_data, tmp_path, monkeypatch):
+def test_ensemble_stats_come_from_the_fixed_draw_of_pairs_a_single_model_uses(
+    ensemble, tiny_lm, task_data, tmp_path, monkeypatch
+):
     root = tmp_path / "rm"
     shutil.copytree(ensemble, root)
     monkeypatch.setattr(rm, "STATS_PAIRS", 40)

@@ -47,6 +47,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def reply_scores(scorer, rows: list[dict]) -> torch.Tensor:
+    """``[2N]`` (mean) scores of the N rows' chosen replies, then their rejected ones: the replies the reward
+    statistics are taken over."""
+    prompts = [r["prompt"] for r in rows] * 2
+    return scorer.score(prompts, [r["chosen"] for r in rows] + [r["rejected"] for r in rows]).mean
+
+
 def rm_config(argv: list[str]) -> RMConfig:
     cfg, _ = parse_config("rlhfkit rm", RMConfig, argv + ["--progress", "false"])
     return cfg

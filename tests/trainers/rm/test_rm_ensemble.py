@@ -15,7 +15,7 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.trainers import rm
 
-from .rm_helpers import preference_rows, rm_config, write_jsonl
+from .rm_helpers import preference_rows, reply_scores, rm_config, write_jsonl
 
 
 def ensemble_argv(tiny_lm, task_data, out) -> list[str]:
@@ -90,9 +90,7 @@ def test_ensemble_stats_are_of_the_mean_score(ensemble, task_data):
     info = json.loads((ensemble / "ensemble.json").read_text())
     rows = [json.loads(line) for line in Path(task_data["train"]).read_text().splitlines()]
     scorer = RewardScorer.load(str(ensemble), "cpu")
-    mean = scorer.score(
-        [r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows]
-    ).mean
+    mean = reply_scores(scorer, rows)
     assert info["stats"]["mean"] == pytest.approx(float(mean.mean()), abs=1e-5)
     assert info["stats"]["std"] == pytest.approx(float(mean.std()), abs=1e-5)
     assert scorer.stats == {"mean": info["stats"]["mean"], "std": info["stats"]["std"]}
@@ -107,16 +105,12 @@ def test_ensemble_stats_come_from_the_fixed_draw_of_pairs_a_single_model_uses(
     shutil.copytree(ensemble, root)
     monkeypatch.setattr(rm, "STATS_PAIRS", 40)
     cfg = rm_config(ensemble_argv(tiny_lm, task_data, root))
-    train = load_examples(task_data["train"], "preference", "test")
-    rm.write_ensemble(cfg, [root, root / "member-1"], train, [])
+    rm.write_ensemble(cfg, [root, root / "member-1"], load_examples(task_data["train"], "preference", "test"), [])
     stats = json.loads((root / "ensemble.json").read_text())["stats"]
-    rows = [train[i] for i in rm.stats_pairs(len(train))]
+    rows = [json.loads(line) for line in Path(task_data["train"]).read_text().splitlines()]
+    rows = [rows[i] for i in rm.stats_pairs(len(rows))]
     assert len(rows) == 40
-    mean = (
-        RewardScorer.load(str(root), "cpu")
-        .score([r.prompt for r in rows] * 2, [r.chosen for r in rows] + [r.rejected for r in rows])
-        .mean
-    )
+    mean = reply_scores(RewardScorer.load(str(root), "cpu"), rows)
     assert stats["count"] == 80
     assert stats["mean"] == pytest.approx(float(mean.mean()), abs=1e-5)
     assert stats["std"] == pytest.approx(float(mean.std()), abs=1e-5)

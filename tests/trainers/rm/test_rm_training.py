@@ -14,7 +14,7 @@ from rlhfkit.errors import UserError
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.trainers import rm
 
-from .rm_helpers import preference_rows, rm_config, write_jsonl
+from .rm_helpers import preference_rows, reply_scores, rm_config, write_jsonl
 
 FAST = ["--learning-rate", "3e-3", "--batch-size", "16", "--max-length", "48"]
 
@@ -226,11 +226,7 @@ def test_reward_stats_of_many_pairs_come_from_a_fixed_draw_of_them(tiny_lm, task
     stats = json.loads((out / "reward_stats.json").read_text())
     rows = [json.loads(line) for line in Path(task_data["train"]).read_text().splitlines()]
     rows = [rows[i] for i in picked]
-    scores = (
-        RewardScorer.load(str(out), "cpu")
-        .score([r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows])
-        .mean
-    )
+    scores = reply_scores(RewardScorer.load(str(out), "cpu"), rows)
     assert stats["count"] == 100
     assert stats["mean"] == pytest.approx(float(scores.mean()), abs=1e-5)
     assert stats["std"] == pytest.approx(float(scores.std()), abs=1e-5)

@@ -9,8 +9,14 @@ is the one the padded batch gives (up to the rounding of reordered float sums).
 Online RL samples G completions per prompt, so a batch holds each prompt G times. Given the prompt width,
 rows with the same prompt can share one copy of it: the prompt's tokens are laid out once and then each
 row's response, with a mask that lets a response attend to the prompt and to its own earlier tokens only.
-The outputs are again the padded batch's, from up to (G - 1) x prompt fewer positions per group. In a
-causal LM's packed pass the LM head (a hidden x vocab matmul per position) runs on the positions whose
+The outputs are again the padded batch's, from up to (G - 1) x prompt fewer positions per group.
+
+Rows often begin alike even where their prompts differ: a chat template's system message (SmolLM2's default
+one is 21 tokens) and the user turn's header open every prompt. The leading tokens that every row of a batch
+has in common, the trunk, are laid out once at the start of each packed row, and every sequence in the row
+attends to that copy.
+
+In a causal LM's packed pass the LM head (a hidden x vocab matmul per position) runs on the positions whose
 logits are used only (``PackedBatch.causal_lm_outputs``), not on prompts or free positions.
 
 The price is attention over longer rows (``rows x width^2``), so ``pack_batch`` picks the packing with the
@@ -105,8 +111,9 @@ def _pays_off(cost: float, padded_rows: int, padded_width: int, span: int) -> bo
     return cost < _cost(padded_rows, padded_width, span) * (1.0 - MIN_SAVING)
 
 
-def _best_layout(lengths: list[int], multiple: int, span: int) -> tuple[list[list[int]], float]:
-    """The cheapest rows for sequences of ``lengths`` (see ``plan_rows``) and their cost."""
+def _best_layout(lengths: list[int], multiple: int, span: int, trunk: int = 0) -> tuple[list[list[int]], float]:
+    """The cheapest rows for sequences of ``lengths`` (see ``plan_rows``) and their cost; every row starts with
+    ``trunk`` positions that its sequences share."""
     longest, total = max(lengths), sum(lengths)
     step = max(1, longest // 16)  # at most ~17 widths between the longest sequence and twice it
     wide = range(1, -(-total // (2 * longest)) + 1)  # rows of a width beyond twice the longest
@@ -114,7 +121,7 @@ def _best_layout(lengths: list[int], multiple: int, span: int) -> tuple[list[lis
     best, best_cost = None, float("inf")
     for capacity in sorted(w for w in widths if w >= longest):
         rows = _first_fit_decreasing(lengths, capacity)
-        width = _row_width([sum(lengths[i] for i in row) for row in rows], multiple)
+        width = _row_width([trunk + sum(lengths[i] for i in row) for row in rows], multiple)
         if _cost(len(rows), width, span) < best_cost:
             best, best_cost = rows, _cost(len(rows), width, span)
     return best, best_cost
@@ -143,6 +150,19 @@ def shared_prompts(input_ids: torch.Tensor, mask: torch.Tensor, prompt_width: in
     for row, group in enumerate(inverse.tolist()):
         groups.setdefault(group, []).append(row)
     return list(groups.values())
+
+
+def common_prefix(input_ids: torch.Tensor, mask: torch.Tensor, limit: int) -> int:
+    """How many leading real tokens every row has in common (the same ids at the same places), at most ``limit``."""
+    if limit <= 0 or input_ids.shape[0] < 2:
+        return 0
+    seq, col = mask.nonzero(as_tuple=True)
+    rank = (mask.cumsum(1) - 1)[seq, col]
+    lead = rank < limit
+    aligned = torch.full((input_ids.shape[0], limit), -1, dtype=input_ids.dtype, device=input_ids.device)
+    aligned[seq[lead], rank[lead]] = input_ids[seq[lead], col[lead]]
+    same = (aligned == aligned[:1]).all(0) & (aligned[0] >= 0)
+    return int(same.long().cumprod(0).sum())
 
 
 def _chunk_sizes(largest_group: int) -> list[int]:
@@ -208,6 +228,8 @@ def pack_batch(
     out once, followed by each row's response, and the mask lets each response attend to the prompt and to
     its own earlier tokens only, so every output is the one the padded batch gives, from fewer positions.
     How many rows share a copy (1 = none) is chosen with the row layout, by the same cost estimate.
+    The leading tokens that all rows share (``common_prefix``, within the prompt where ``prompt_width`` is
+    given) are laid out once per packed row, before its sequences, and every sequence of the row attends to them.
     Call it where the model will run (inside its autocast context): the row width depends on the precision.
     Position ids in the packed rows count real tokens, as ``(mask.cumsum(1) - 1)`` does in the padded batch."""
     config = _config(model)
@@ -220,43 +242,55 @@ def pack_batch(
     multiple = row_multiple(model, device)
     span = SPAN_PER_HIDDEN * config.hidden_size
     prompt = mask[:, :prompt_width].sum(1).tolist()  # real prompt tokens of each row
+    # The trunk: every row's first ``trunk`` tokens, laid out once per packed row. It leaves each row at least
+    # one token of its own, and stays within the prompts where rows share them.
+    trunk = common_prefix(input_ids, mask, min(prompt) if prompt_width else min(lengths) - 1)
+    trunk = min(trunk, min(lengths) - 1)
     groups = shared_prompts(input_ids, mask, prompt_width)
     candidates = []  # (lower bound of the cost, chunks, chunk lengths) per number of rows sharing a prompt
     for size in _chunk_sizes(max(len(g) for g in groups)):
         chunks = [g[i : i + size] for g in groups for i in range(0, len(g), size)]
-        chunk_lengths = [prompt[c[0]] + sum(lengths[i] - prompt[i] for i in c) for c in chunks]
+        # a chunk: its prompt after the trunk, once, then each member's tokens after its prompt (and the trunk)
+        chunk_lengths = [
+            max(prompt[c[0]] - trunk, 0) + sum(lengths[i] - max(prompt[i], trunk) for i in c) for c in chunks
+        ]
         # no layout of these chunks beats every position in rows as wide as the longest chunk
         candidates.append((sum(chunk_lengths) * (1.0 + max(chunk_lengths) / span), chunks, chunk_lengths))
     best = None  # (cost, chunks, rows of chunks, chunk lengths)
     for bound, chunks, chunk_lengths in sorted(candidates, key=lambda c: c[0]):
         if best is not None and bound >= best[0]:
             break
-        rows, cost = _best_layout(chunk_lengths, multiple, span)
+        rows, cost = _best_layout(chunk_lengths, multiple, span, trunk)
         if best is None or cost < best[0]:
             best = (cost, chunks, rows, chunk_lengths)
     cost, chunks, rows, chunk_lengths = best
     if not _pays_off(cost, B, mask.shape[1], span):
         return None
-    width = _row_width([sum(chunk_lengths[c] for c in row) for row in rows], multiple)
-    # Where each row's tokens go in the flat [R * C] layout: its chunk's start, plus (for its response
-    # tokens) the responses of the chunk's earlier rows.
-    chunk_start = [0] * len(chunks)
+    width = _row_width([trunk + sum(chunk_lengths[c] for c in row) for row in rows], multiple)
+    # Where each row's tokens go in the flat [R * C] layout: a trunk token to its packed row's copy of the trunk;
+    # the others to its chunk's start, plus (for its response tokens) the responses of the chunk's earlier rows.
+    chunk_start, chunk_row = [0] * len(chunks), [0] * len(chunks)
     for r, row in enumerate(rows):
-        offset = r * width
+        offset = r * width + trunk
         for c in row:
-            chunk_start[c] = offset
+            chunk_start[c], chunk_row[c] = offset, r * width
             offset += chunk_lengths[c]
-    start, shift, chunk_of_row = [0] * B, [0] * B, [0] * B
+    start, shift, row_start, chunk_of_row = [0] * B, [0] * B, [0] * B, [0] * B
     for c, members in enumerate(chunks):
         earlier = 0
         for i in members:
-            start[i], shift[i], chunk_of_row[i] = chunk_start[c], earlier, c
-            earlier += lengths[i] - prompt[i]
+            start[i], shift[i], row_start[i], chunk_of_row[i] = chunk_start[c], earlier, chunk_row[c], c
+            earlier += lengths[i] - max(prompt[i], trunk)
     seq, col = mask.nonzero(as_tuple=True)  # real tokens, row by row, in order
     rank = (mask.cumsum(1) - 1)[seq, col]  # position within its sequence
-    in_prompt = col < prompt_width
+    in_trunk = rank < trunk
+    in_prompt = (col < prompt_width) & ~in_trunk
     as_tensor = lambda xs: torch.tensor(xs, device=device)  # noqa: E731
-    dst = as_tensor(start)[seq] + rank + torch.where(in_prompt, 0, as_tensor(shift)[seq])  # [N]
+    dst = torch.where(
+        in_trunk,
+        as_tensor(row_start)[seq] + rank,
+        as_tensor(start)[seq] + rank - trunk + torch.where(in_prompt, 0, as_tensor(shift)[seq]),
+    )  # [N]
     n_flat = len(rows) * width
     ids = torch.full((n_flat,), pad_id, dtype=input_ids.dtype, device=device)
     ids[dst] = input_ids[seq, col]  # a shared prompt token is written once per row: the same id
@@ -267,12 +301,15 @@ def pack_batch(
     chunk = -1 - torch.arange(n_flat, device=device)
     chunk[dst] = as_tensor(chunk_of_row)[seq]
     owner = torch.full((n_flat,), -1, device=device)
-    owner[dst[~in_prompt]] = seq[~in_prompt]
+    response = ~in_prompt & ~in_trunk
+    owner[dst[response]] = seq[response]
     chunk, owner = chunk.view(len(rows), width), owner.view(len(rows), width)
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    # query a may attend key b: same chunk, b not later, and b is a prompt token or a's own row's token
+    # query a may attend key b, b not later: b is in the row's trunk, or b is in a's chunk and is a prompt token
+    # or a's own row's token
     own = (owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None])
-    allowed = (chunk[:, :, None] == chunk[:, None, :]) & causal & own  # [R, C, C]
+    shared = torch.arange(width, device=device) < trunk  # [C] the trunk's positions, the same in every row
+    allowed = (((chunk[:, :, None] == chunk[:, None, :]) & own) | shared) & causal  # [R, C, C]
     index = torch.zeros(mask.shape, dtype=torch.long, device=device)
     index[seq, col] = dst
     return PackedBatch(ids.view(len(rows), width), positions.view(len(rows), width), allowed[:, None], index)

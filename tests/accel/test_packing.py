@@ -397,11 +397,13 @@ def test_packed_forward_through_lora_adapters(always_pack):
     assert not torch.allclose(packed_lp[True], packed_lp[False], atol=1e-3)  # the adapters do change the policy
 
 
-def grouped_batch(seed: int, groups: int = 3, group_size: int = 4):
+def grouped_batch(seed: int, groups: int = 3, group_size: int = 4, common: int = 0):
     """[left-padded prompt | right-padded response] rows in groups of ``group_size`` that share their prompt
-    (as GRPO's completions of one prompt do), responses of different lengths; the row order shuffled."""
+    (as GRPO's completions of one prompt do), responses of different lengths; the row order shuffled. Every
+    prompt starts with the same ``common`` tokens (as a chat template's system message does)."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(2, 9))] for _ in range(groups)]
+    head = [rng.randrange(2, VOCAB) for _ in range(common)]
+    prompts = [head + [rng.randrange(2, VOCAB) for _ in range(rng.randint(2, 9))] for _ in range(groups)]
     rows = [(g, [rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 10))]) for g in range(groups)]
     rows = [(g, r) for g in range(groups) for r in [rows[g][1]] + [None] * (group_size - 1)]
     rows = [(g, r or [rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 10))]) for g, r in rows]
@@ -469,3 +471,98 @@ def test_the_lm_head_runs_on_the_kept_positions_only(always_pack):
     response_logprobs(policy, ids, mask, T, packed=packed)
     assert calls == [1] and rows == [packed.input_ids.numel()]
     hook.remove(), handle.remove()
+
+
+def test_common_prefix_counts_the_leading_real_tokens_all_rows_share():
+    ids = torch.tensor([[PAD, PAD, 5, 6, 7, 8], [5, 6, 7, 9, 9, 9], [PAD, 5, 6, 7, 8, 2]])
+    mask = (ids != PAD).long()
+    assert packing.common_prefix(ids, mask, 10) == 3  # left padding does not count; 5, 6, 7 lead every row
+    assert packing.common_prefix(ids, mask, 2) == 2
+    assert packing.common_prefix(ids[:1], mask[:1], 10) == 0  # one row alone has nothing to share
+    assert packing.common_prefix(torch.stack([ids[0], ids[0]]), torch.stack([mask[0]] * 2), 10) == 4
+
+
+def test_the_prefix_every_row_shares_is_laid_out_once_per_packed_row():
+    """Prompts that differ after a common head (a system message): each packed row holds one copy of the head,
+    which every sequence of the row attends to; each row's last token sees exactly that row's tokens. (Attention
+    is priced as it is, so the batch packs into several rows.)"""
+    K = 6
+    ids, mask, P, T, group = grouped_batch(2, groups=4, group_size=3, common=K)
+    model = causal_lm("llama", "sdpa")
+    real = mask.bool()
+    for width in (0, P):  # rows alone, and rows of one prompt sharing it
+        packed = pack_batch(model, ids, mask, PAD, prompt_width=width)
+        R, C = packed.input_ids.shape
+        assert 1 < R < len(ids)  # several sequences in each of several packed rows
+        used = packed.index[real]
+        assert torch.equal(packed.input_ids.flatten()[used], ids[real])
+        assert torch.equal(packed.position_ids.flatten()[used], (mask.cumsum(1) - 1)[real])
+        head = packed.index[real.cumsum(1).le(K) & real].view(len(ids), K)  # each row's first K tokens
+        assert set(head[:, 0].tolist()) == {r * C for r in range(R)}  # one copy per packed row, at its start
+        groups = len(set(group)) if width else len(ids)
+        prompts = sum(int(mask[group.index(g), :P].sum()) - K for g in set(group)) if width else 0
+        responses = int(real.sum()) - K * len(ids) - (int(mask[:, :P].sum()) - K * len(ids) if width else 0)
+        assert len(set(used.tolist())) == R * K + prompts + responses
+        assert groups > 1
+        allowed = packed.allowed[:, 0].reshape(-1, C)
+        for i in range(len(ids)):
+            last = int(packed.index[i, P + int(mask[i, P:].sum()) - 1])
+            r, c = divmod(last, C)
+            assert {r * C + k for k in range(C) if allowed[r * C + c, k]} == set(packed.index[i][real[i]].tolist())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_a_shared_head_packs_to_the_padded_outputs_and_gradients(always_pack, arch, share_prompts):
+    """Log-probs, values and entropies, every weight's gradient and the reference log-probs: the same from
+    packed rows that hold the common head once as from the padded batch."""
+    policy = causal_lm(arch, "sdpa")
+    ids, mask, P, T, _ = grouped_batch(3, common=5)
+    packed = pack_batch(policy, ids, mask, PAD, prompt_width=P if share_prompts else 0)
+    assert packed.index[:, :P][mask[:, :P].bool()].unique().numel() < int(mask[:, :P].sum()) - 5 * (len(ids) - 3)
+    assert_packed_matches_padded(policy, ids, mask, T, packed)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_preference_pairs_with_a_common_head_score_and_log_prob_as_padded(always_pack, monkeypatch, arch):
+    """Reward scores and DPO log-probs of preference pairs whose prompts all open with the same tokens. (The LM
+    head a block of 3 positions at a time, as at a real vocabulary, where the pairs' prompts are shared.)"""
+    from transformers import AutoModelForSequenceClassification
+
+    from rlhfkit.data.collate import collate_preferences
+    from rlhfkit.data.encode import Encoded
+    from rlhfkit.models import forward, reward
+    from rlhfkit.models.forward import sequence_logprobs
+    from rlhfkit.models.reward import sequence_scores
+    from rlhfkit.ops import vocab_chunks
+
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 3 * VOCAB)
+    rng = random.Random(11)
+    words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
+    head = words(7)
+    pairs = []
+    for _ in range(6):
+        prompt = head + words(rng.randint(1, 6))
+        pairs.append((Encoded(prompt, words(rng.randint(1, 8))), Encoded(prompt, words(rng.randint(1, 8)))))
+    batch = collate_preferences(pairs, PAD)
+    config = make_config(arch, VOCAB, EOS)
+    config.num_labels, config.pad_token_id = 1, PAD
+    torch.manual_seed(4)
+    rm = AutoModelForSequenceClassification.from_config(config).eval()
+    packs = []
+    real_pack = packing.pack_batch
+    for module in (forward, reward):  # record each packed batch
+        monkeypatch.setattr(module, "pack_batch", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
+    scores = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
+    assert torch.allclose(scores[0][0], scores[1][0], atol=2e-5)
+    assert_same_gradients(scores)
+    policy = causal_lm(arch, "sdpa")
+    logprobs = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
+    assert torch.allclose(logprobs[0][0], logprobs[1][0], atol=5e-5)
+    assert_same_gradients(logprobs)
+    assert len(packs) == 2
+    for p in packs:  # the head once per packed row, each prompt's rest once per pair
+        R = p.input_ids.shape[0]
+        prompt_rest = sum(len(c.prompt_ids) - 7 for c, _ in pairs)
+        replies = sum(len(c.response_ids) + len(r.response_ids) for c, r in pairs)
+        assert p.index[p.index > 0].unique().numel() == R * 7 + prompt_rest + replies - 1  # (less position 0)

@@ -97,9 +97,12 @@ def test_precomputed_reference_gives_the_same_loss_curve(dpo_config):
     a, b = read_metrics(live.run.output_dir), read_metrics(pre.run.output_dir)
     assert len(a) == len(b) == 6
     assert a[-1]["loss"] < a[0]["loss"] - 0.1  # the curve moves, so the comparison means something
+    # The reference's log-probs agree up to float rounding (the precomputing batches pack their rows differently:
+    # the tokens all rows share depend on the batch); at this learning rate, training magnifies that rounding
+    # from ~1e-7 at step 1 to ~1e-4 by step 4. A wrong reference would differ from step 2 on by far more.
     for ra, rb in zip(a, b):
         for key in ("loss", "rewards/chosen", "rewards/rejected"):
-            assert ra[key] == pytest.approx(rb[key], abs=1e-5), (ra["step"], key)
+            assert ra[key] == pytest.approx(rb[key], abs=1e-6 if ra["step"] == 1 else 1e-3), (ra["step"], key)
 
 
 def test_gradient_accumulation_matches_one_big_batch(dpo_config):

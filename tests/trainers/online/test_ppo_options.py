@@ -300,8 +300,9 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     for a, b in zip(rows_apart, rows_joint):
         for key in ("loss/policy", "loss/value", "loss/total", "value/mean", "kl/ref"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), key
-        # a count of float ties (clipped vs unclipped error): one of the ~80 tokens may fall either way
-        assert a["value/clipfrac"] == pytest.approx(b["value/clipfrac"], abs=0.02)
+        # a count of float ties (clipped vs unclipped error, equal wherever the value model has not moved yet):
+        # the two ways pack their rows differently, and a few of the ~80 tokens may fall either way
+        assert a["value/clipfrac"] == pytest.approx(b["value/clipfrac"], abs=0.05)
     assert any(k.startswith("value_model.") for k in w_apart)
     start = load_file(model / "model.safetensors")
     policy = [k for k in w_apart if k.removeprefix("policy.") in start]

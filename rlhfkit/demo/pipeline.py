@@ -264,7 +264,7 @@ def run(cfg: DemoConfig) -> dict:
                 prompts,
                 gen,
                 reward_model=str(out / "rm"),
-                reference=str(out / "sft"),
+                reference=str(out / "sft") if name != "sft" else "",  # the SFT model's KL to itself is 0
                 judge=get_judge("support"),
                 seed=cfg.seed,
             )

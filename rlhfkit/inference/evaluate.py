@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.accel.packing import can_pack, pack_batch
 from rlhfkit.config.commands import EvalConfig
 from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.data.encode import encode_prompt
@@ -33,15 +34,18 @@ from rlhfkit.training.runtime import process_state
 def sequence_kl(
     policy, reference, prompt_ids, responses, pad_id: int, temperature: float, device, batch_size: int = 32
 ) -> list[float]:
-    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL)."""
+    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL). Both models run on
+    packed rows where that is cheaper (``rlhfkit.accel.packing``: the same log-probs)."""
     out = []
     for idx in chunks(list(range(len(responses))), batch_size):
         q, qm = pad_with_mask([prompt_ids[i] for i in idx], pad_id, "left", device)
         r, rm = pad_with_mask([responses[i] for i in idx], pad_id, "right", device)
         ids, mask, T = torch.cat([q, r], 1), torch.cat([qm, rm], 1), r.shape[1]
-        lp = response_logprobs(policy, ids, mask, T, temperature)
-        lr = response_logprobs(reference, ids, mask, T, temperature)
-        out += ((lp - lr) * rm).sum(dim=1).tolist()
+        logprobs = []
+        for model in (policy, reference):
+            packed = pack_batch(model, ids, mask, pad_id, prompt_width=q.shape[1]) if can_pack(model) else None
+            logprobs.append(response_logprobs(model, ids, mask, T, temperature, packed=packed))
+        out += ((logprobs[0] - logprobs[1]) * rm).sum(dim=1).tolist()
     return out
 
 

@@ -566,3 +566,29 @@ def test_preference_pairs_with_a_common_head_score_and_log_prob_as_padded(always
         prompt_rest = sum(len(c.prompt_ids) - 7 for c, _ in pairs)
         replies = sum(len(c.response_ids) + len(r.response_ids) for c, r in pairs)
         assert p.index[p.index > 0].unique().numel() == R * 7 + prompt_rest + replies - 1  # (less position 0)
+
+
+def test_evaluation_kl_runs_packed_and_equals_the_padded_kl(always_pack, monkeypatch):
+    """`rlhfkit eval`'s per-response KL to the reference: both models on packed rows (prompts sharing a head,
+    and a prompt sampled twice), the same sums as on the padded rows."""
+    from rlhfkit.inference import evaluate
+
+    policy, reference = causal_lm("llama", "sdpa"), causal_lm("llama", "sdpa")
+    torch.manual_seed(5)
+    for w in reference.parameters():
+        w.data += 0.05 * torch.randn_like(w)  # a reference that differs from the policy
+    rng = random.Random(12)
+    head = [rng.randrange(2, VOCAB) for _ in range(5)]
+    prompts = [head + [rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 6))] for _ in range(4)]
+    prompts += prompts[:2]
+    responses = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 9))] for _ in prompts]
+    packs = []
+    real_pack = packing.pack_batch
+    monkeypatch.setattr(evaluate, "pack_batch", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
+    packed = evaluate.sequence_kl(policy, reference, prompts, responses, PAD, 0.7, "cpu", batch_size=4)
+    assert len(packs) == 4 and all(p is not None for p in packs)  # two batches, each model packed
+    monkeypatch.setattr(evaluate, "can_pack", lambda model: False)
+    padded = evaluate.sequence_kl(policy, reference, prompts, responses, PAD, 0.7, "cpu", batch_size=4)
+    assert len(packs) == 4
+    assert min(abs(x) for x in padded) > 1e-3  # the two models differ on every response
+    assert packed == pytest.approx(padded, abs=1e-4)

@@ -331,3 +331,40 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert "trained from scratch" not in report
     assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1
     assert "runs the support task" in capsys.readouterr().err
+
+
+def test_a_given_model_on_two_threads_runs_independent_stages_in_pairs(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """With a given model and --threads 2 (on 2 cores), DPO runs in a child process beside the reward model and
+    the beta = 0 ablation beside PPO, each on one thread; the demo runs to its report and puts its own thread
+    count back for the evaluation."""
+    import os
+
+    import torch
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    seen = {}
+    from rlhfkit.demo import pipeline
+
+    real_evaluate = pipeline.evaluate_all
+    monkeypatch.setattr(
+        pipeline, "evaluate_all", lambda *a: seen.setdefault("threads", torch.get_num_threads()) and real_evaluate(*a)
+    )
+    out = tmp_path / "demo"
+    flags = ["--output-dir", str(out), "--quick", "--progress", "false", "--model", str(tiny_model_dir)]
+    assert main(["demo", *flags, "--threads", "2"]) == 0
+    console = capsys.readouterr().err
+    headers = [line.split(": ", 1)[1].strip(" ─") for line in console.splitlines() if "/7: " in line]
+    assert headers == [
+        "task data",
+        "SFT",
+        "DPO",
+        "reward model",
+        "PPO without KL (beta = 0)",
+        "PPO (KL penalty on)",
+        "evaluation on held-out prompts",
+    ]
+    for log, command in (("dpo.log", "rlhfkit dpo --model "), ("ppo_no_kl.log", "rlhfkit ppo --model ")):
+        assert (out / log).read_text().startswith(command)
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["stage_seconds"]) >= {"DPO", "reward model", "PPO without KL (beta = 0)", "PPO (KL penalty on)"}
+    assert seen["threads"] == 2 and (out / "report.md").is_file()

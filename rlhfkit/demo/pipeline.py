@@ -190,10 +190,11 @@ def run(cfg: DemoConfig) -> dict:
             raise UserError(f"demo: {option('model')} runs the support task; the {cfg.task} task trains its own model")
 
         return {"arithmetic": arithmetic, "tools": tools}[cfg.task].run(cfg)
-    import torch
-
+    from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.demo.report import write_report
-    from rlhfkit.tasks.support import label_noise_ceiling, write_task_data
+    from rlhfkit.inference.evaluate import evaluate_policy
+    from rlhfkit.tasks import get_judge
+    from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
 
     start = time.perf_counter()
     run_plan = plan(cfg.quick, cfg.model)
@@ -209,14 +210,13 @@ def run(cfg: DemoConfig) -> dict:
             f"--output-dir {out}/sft {settings['sft']} {common}",
         ),
     )
-    rm = lambda: _run(  # noqa: E731
-        "rm",
-        f"--model {out}/sft --data {data['prefs_train']} "
-        f"--eval-data {data['prefs_eval']} --output-dir {out}/rm {settings['rm']} {common}",
-    )
-    dpo = (
-        f"--model {out}/sft --data {data['prefs_train']} --eval-data {data['prefs_eval']} "
-        f"--output-dir {out}/dpo {settings['dpo']} {common}"
+    stages.run(
+        "reward model",
+        lambda: _run(
+            "rm",
+            f"--model {out}/sft --data {data['prefs_train']} "
+            f"--eval-data {data['prefs_eval']} --output-dir {out}/rm {settings['rm']} {common}",
+        ),
     )
     value = f"--value-model {out}/rm " if run_plan.value_model else ""
     ppo = (
@@ -225,61 +225,25 @@ def run(cfg: DemoConfig) -> dict:
     )
     no_kl_name = "PPO without KL (beta = 0)"
     no_kl = f"{ppo} --output-dir {out}/ppo_no_kl --kl-coef 0 --log-ref-kl true --max-steps {run_plan.no_kl_steps}"
-    if paired(cfg):
-        # DPO needs only the SFT model and the beta = 0 ablation the SFT and reward models, so each runs in a child
-        # process beside a stage of its length: DPO beside the reward model, the ablation beside PPO, each of the
-        # two on half the threads.
-        half = cfg.threads // 2
-        torch.set_num_threads(half)
-        _pair(stages, stages.start("DPO", "dpo", _logged(dpo), out / "dpo.log", half), "reward model", rm)
-        job = stages.start(no_kl_name, "ppo", _logged(no_kl), out / "ppo_no_kl.log", half)
-        _pair(stages, job, "PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
-        torch.set_num_threads(cfg.threads)
-    else:
-        stages.run("reward model", rm)
-        beside(cfg, stages, ppo, no_kl, no_kl_name, dpo, out)
-    results = stages.run("evaluation on held-out prompts", lambda: evaluate_all(out, data, run_plan, cfg))
-    prefs_eval = [json.loads(line) for line in open(data["prefs_eval"])]
-    ceiling = label_noise_ceiling(prefs_eval)
-    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start, cfg.quick, run_plan, cfg.model)
-    announce_report(out)
-    return summary
-
-
-def paired(cfg: DemoConfig) -> bool:
-    """Whether a pretrained model's demo runs its independent stages in pairs, each on half of ``--threads``
-    (given 2 or more threads, and as many cores): two processes on one thread each get more done on 2 cores
-    than one process on two, whose matmuls at this size do not keep both cores busy."""
-    return bool(cfg.model) and 2 <= cfg.threads <= (os.cpu_count() or 1)
-
-
-def _pair(stages: Stages, job: Background, name: str, fn) -> None:
-    """Run stage ``name`` (``fn``) while ``job`` runs beside it, then wait for ``job``; a failure stops both."""
-    try:
-        stages.run(name, fn)
-    except BaseException:
-        job.process.kill()
-        raise
-    stages.wait(job)
-
-
-def _logged(argv: str) -> str:
-    """A child's flags: it draws its progress bar in its log, the only place its progress shows."""
-    return argv.replace("--progress false", "--progress true")
-
-
-def beside(cfg: DemoConfig, stages, ppo: str, no_kl: str, no_kl_name: str, dpo: str, out: Path) -> None:
-    """PPO, the beta = 0 ablation and DPO, one after the other on ``--threads`` threads, or, with a core to spare,
-    the ablation (which needs only the SFT and reward models) in a child process beside the other two, each stage
-    on cfg.threads threads (a seed gives the same numbers either way)."""
+    # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
+    # (each stage on cfg.threads threads; a seed gives the same numbers either way).
     job = None
     if 2 * cfg.threads <= (os.cpu_count() or 1):
-        job = stages.start(no_kl_name, "ppo", _logged(no_kl), out / "ppo_no_kl.log", cfg.threads)
+        # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
+        no_kl = no_kl.replace("--progress false", "--progress true")
+        job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)
     try:
         stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
         if job is None:
             stages.run(no_kl_name, lambda: _run("ppo", no_kl))
-        stages.run("DPO", lambda: _run("dpo", dpo))
+        stages.run(
+            "DPO",
+            lambda: _run(
+                "dpo",
+                f"--model {out}/sft --data {data['prefs_train']} --eval-data {data['prefs_eval']} "
+                f"--output-dir {out}/dpo {settings['dpo']} {common}",
+            ),
+        )
     except BaseException:
         if job is not None:
             job.process.kill()
@@ -287,29 +251,30 @@ def beside(cfg: DemoConfig, stages, ppo: str, no_kl: str, no_kl_name: str, dpo: 
     if job is not None:
         stages.wait(job)
 
+    def evaluate_all():
+        from rlhfkit.data.schema import load_examples
 
-def evaluate_all(out: Path, data: dict[str, str], run_plan, cfg: DemoConfig) -> dict:
-    """Every policy's replies to the held-out prompts (``run_plan.eval_samples`` each), measured."""
-    from rlhfkit.config.parts import GenerationArgs
-    from rlhfkit.data.schema import load_examples
-    from rlhfkit.inference.evaluate import evaluate_policy
-    from rlhfkit.tasks import get_judge
-    from rlhfkit.tasks.support import product_naming_shares
+        prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]
+        prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
+        gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
+        results = {}
+        for name in ("sft", "ppo", "ppo_no_kl", "dpo"):
+            metrics, rows = evaluate_policy(
+                str(out / name),
+                prompts,
+                gen,
+                reward_model=str(out / "rm"),
+                reference=str(out / "sft") if name != "sft" else "",  # the SFT model's KL to itself is 0
+                judge=get_judge("support"),
+                seed=cfg.seed,
+            )
+            metrics.update(product_naming_shares([r["prompt"] for r in rows], [r["response"] for r in rows]))
+            results[name] = {"metrics": metrics, "samples": rows}
+        return results
 
-    prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]
-    prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
-    gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
-    results = {}
-    for name in ("sft", "ppo", "ppo_no_kl", "dpo"):
-        metrics, rows = evaluate_policy(
-            str(out / name),
-            prompts,
-            gen,
-            reward_model=str(out / "rm"),
-            reference=str(out / "sft") if name != "sft" else "",  # the SFT model's KL to itself is 0
-            judge=get_judge("support"),
-            seed=cfg.seed,
-        )
-        metrics.update(product_naming_shares([r["prompt"] for r in rows], [r["response"] for r in rows]))
-        results[name] = {"metrics": metrics, "samples": rows}
-    return results
+    results = stages.run("evaluation on held-out prompts", evaluate_all)
+    prefs_eval = [json.loads(line) for line in open(data["prefs_eval"])]
+    ceiling = label_noise_ceiling(prefs_eval)
+    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start, cfg.quick, run_plan, cfg.model)
+    announce_report(out)
+    return summary

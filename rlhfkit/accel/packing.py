@@ -244,8 +244,8 @@ def pack_batch(
     prompt = mask[:, :prompt_width].sum(1).tolist()  # real prompt tokens of each row
     # The trunk: every row's first ``trunk`` tokens, laid out once per packed row. It leaves each row at least
     # one token of its own, and stays within the prompts where rows share them.
-    trunk = common_prefix(input_ids, mask, min(prompt) if prompt_width else min(lengths) - 1)
-    trunk = min(trunk, min(lengths) - 1)
+    limit = min(lengths) - 1
+    trunk = common_prefix(input_ids, mask, min(limit, *prompt) if prompt_width else limit)
     groups = shared_prompts(input_ids, mask, prompt_width)
     candidates = []  # (lower bound of the cost, chunks, chunk lengths) per number of rows sharing a prompt
     for size in _chunk_sizes(max(len(g) for g in groups)):
@@ -269,27 +269,28 @@ def pack_batch(
     width = _row_width([trunk + sum(chunk_lengths[c] for c in row) for row in rows], multiple)
     # Where each row's tokens go in the flat [R * C] layout: a trunk token to its packed row's copy of the trunk;
     # the others to its chunk's start, plus (for its response tokens) the responses of the chunk's earlier rows.
-    chunk_start, chunk_row = [0] * len(chunks), [0] * len(chunks)
+    chunk_start = [0] * len(chunks)
     for r, row in enumerate(rows):
         offset = r * width + trunk
         for c in row:
-            chunk_start[c], chunk_row[c] = offset, r * width
+            chunk_start[c] = offset
             offset += chunk_lengths[c]
-    start, shift, row_start, chunk_of_row = [0] * B, [0] * B, [0] * B, [0] * B
+    start, shift, chunk_of_row = [0] * B, [0] * B, [0] * B
     for c, members in enumerate(chunks):
         earlier = 0
         for i in members:
-            start[i], shift[i], row_start[i], chunk_of_row[i] = chunk_start[c], earlier, chunk_row[c], c
+            start[i], shift[i], chunk_of_row[i] = chunk_start[c], earlier, c
             earlier += lengths[i] - max(prompt[i], trunk)
     seq, col = mask.nonzero(as_tuple=True)  # real tokens, row by row, in order
     rank = (mask.cumsum(1) - 1)[seq, col]  # position within its sequence
     in_trunk = rank < trunk
     in_prompt = (col < prompt_width) & ~in_trunk
     as_tensor = lambda xs: torch.tensor(xs, device=device)  # noqa: E731
+    chunk_at = as_tensor(start)[seq]  # [N] where each token's chunk starts; its packed row starts at // width
     dst = torch.where(
         in_trunk,
-        as_tensor(row_start)[seq] + rank,
-        as_tensor(start)[seq] + rank - trunk + torch.where(in_prompt, 0, as_tensor(shift)[seq]),
+        chunk_at // width * width + rank,
+        chunk_at + rank - trunk + torch.where(in_prompt, 0, as_tensor(shift)[seq]),
     )  # [N]
     n_flat = len(rows) * width
     ids = torch.full((n_flat,), pad_id, dtype=input_ids.dtype, device=device)

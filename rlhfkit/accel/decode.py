@@ -7,11 +7,18 @@ that take a fraction of that time. ``LeanDecoder.step`` runs the same math for o
 calling the model's own submodules (embeddings, layer norms, projections, MLPs, LM head, so kernel swaps and
 LoRA layers apply) in the order its forward does, with:
 
-- a preallocated key / value buffer per layer ``[B, heads, capacity, head_dim]`` that each step writes one
+- a preallocated key / value buffer per layer ``[B, kv_heads, capacity, head_dim]`` that each step writes one
   column of (no concatenation), filled once from the prompt's prefill cache;
+- grouped-query attention against those buffers as they are: the query heads that share a key / value head
+  attend as that head's rows of queries, so the keys and values are never repeated per query head (a decode
+  step reads every cached key and value, and repeating them would multiply that traffic by the group size);
 - the attention mask given as a ready boolean ``[B, 1, 1, L]`` view of one preallocated ``[B, capacity]``
   mask (no per-step mask construction);
-- ``F.scaled_dot_product_attention`` over the first ``L`` columns of the buffers.
+- ``F.scaled_dot_product_attention`` over the first ``L`` columns of the buffers;
+- (Llama / Qwen2) a projection carrying LoRA adapters computed as its base layer plus ``(x A^T)(s B)^T``, the
+  scaling ``s`` folded into ``B`` once per sampling call (``lean_projection``): the same math as PEFT's layer,
+  without its per-call checks, casts and the separate scaling product, which at one token per row cost about as
+  much as the adapters' own matmuls.
 
 The logits equal those of the model's forward up to float rounding (the tests compare them per
 architecture). The prompt itself is still run by the model's own forward. Models this step does not cover
@@ -112,25 +119,23 @@ class LeanDecoder:
         self.rope = None if self.gpt2 else sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self.length = _prefill_kv(prefill_cache, 0)[0].shape[2]  # columns filled: the prompt's P
         self.compiled = compiled_step() if compiled else None
+        # the compiled step traces the modules themselves (Inductor fuses PEFT's layers as they are)
+        self.projections = None if self.gpt2 or compiled else tuple(map(_layer_projections, self.layers))
         if self.compiled is not None:
             capacity = bucket_capacity(capacity)
             self.mask = torch.zeros(index.shape[0], capacity, dtype=torch.bool, device=index.device)
             self.column = torch.zeros(1, dtype=torch.long, device=index.device)
         keys, values = [], []
-        for i, layer in enumerate(self.layers):
+        for i in range(len(self.layers)):
             k, v = _prefill_kv(prefill_cache, i)  # [U, kv_heads, P, D]
-            groups = 1 if self.gpt2 else layer.self_attn.num_key_value_groups
-            keys.append(self._buffer(k, index, groups, capacity))
-            values.append(self._buffer(v, index, groups, capacity))
+            keys.append(self._buffer(k, index, capacity))
+            values.append(self._buffer(v, index, capacity))
         self.keys, self.values = tuple(keys), tuple(values)
 
     @staticmethod
-    def _buffer(kv: torch.Tensor, index: torch.Tensor, groups: int, capacity: int) -> torch.Tensor:
-        """``[B, heads, capacity, D]`` with the prefill's columns in front; grouped-query heads are stored
-        repeated (as ``repeat_kv`` does), so attention needs no per-step expansion."""
+    def _buffer(kv: torch.Tensor, index: torch.Tensor, capacity: int) -> torch.Tensor:
+        """``[B, kv_heads, capacity, D]`` with the prefill's columns in front."""
         kv = kv.index_select(0, index)
-        if groups > 1:
-            kv = kv.repeat_interleave(groups, dim=1)
         # zeros, not empty: the compiled step multiplies every column, the masked ones by a weight of 0
         out = kv.new_zeros(kv.shape[0], kv.shape[1], capacity, kv.shape[3])
         out[:, :, : kv.shape[2]] = kv
@@ -144,7 +149,7 @@ class LeanDecoder:
             raise RuntimeError("LeanDecoder: more steps than the capacity it was built with")
         parts = (self.body, self.layers, self.base.lm_head, self.rope, self.keys, self.values)
         if self.compiled is None:
-            logits = _forward(*parts, ids, positions, mask[:, None, None, :], self.length, None)
+            logits = _forward(*parts, ids, positions, mask[:, None, None, :], self.length, None, self.projections)
         else:
             # fixed shapes: the whole buffer is attended, its columns not yet written masked out
             self.mask[:, :end] = mask
@@ -157,28 +162,69 @@ class LeanDecoder:
 def _attend(keys, values, q, k, v, mask, scale: float, length: int | None, column) -> torch.Tensor:
     """Write this step's ``k``, ``v`` into column ``length`` of a layer's buffers and attend.
 
-    q, k, v: ``[B, heads, 1, D]``. Eager: ``length`` is a number, attention runs over the first ``length + 1``
-    columns, ``mask [B, 1, 1, length + 1]``. Compiled: ``column`` is a one-element tensor (so the graph does not
-    change from step to step), attention runs over every column, ``mask [B, 1, 1, capacity]``.
-    Returns ``[B, 1, heads * D]``."""
+    q: ``[B, heads, 1, D]``; k, v: ``[B, kv_heads, 1, D]``, each key / value head serving ``heads / kv_heads``
+    consecutive query heads (Llama's ``repeat_kv`` order). The queries are regrouped as ``[B, kv_heads, groups,
+    D]``: the heads of a group attend like that many queries of one head. Eager: ``length`` is a number, attention
+    runs over the first ``length + 1`` columns, ``mask [B, 1, 1, length + 1]``. Compiled: ``column`` is a
+    one-element tensor (so the graph does not change from step to step), attention runs over every column,
+    ``mask [B, 1, 1, capacity]``. Returns ``[B, 1, heads * D]``."""
+    batch, heads, _, dim = q.shape
+    q = q.view(batch, k.shape[1], heads // k.shape[1], dim)  # [B, kv_heads, groups, D]
     if column is None:
         end = length + 1
         keys[:, :, length] = k[:, :, 0]
         values[:, :, length] = v[:, :, 0]
         keys, values = keys[:, :, :end], values[:, :, :end]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)  # [B, heads, 1, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)  # [B, kv_heads, groups, D]
     else:
         keys.index_copy_(2, column, k)
         values.index_copy_(2, column, v)
         # written out rather than sdpa: Inductor fuses it into the step's generated code, where the CPU sdpa
         # kernel is a separate call that costs more than its arithmetic at one query per row
-        scores = (q @ keys.transpose(-1, -2)) * scale  # [B, heads, 1, capacity]
-        out = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, heads, 1, D]
-    return out.transpose(1, 2).reshape(q.shape[0], 1, -1)
+        scores = (q @ keys.transpose(-1, -2)) * scale  # [B, kv_heads, groups, capacity]
+        out = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, kv_heads, groups, D]
+    return out.reshape(batch, 1, heads * dim)  # the heads in order: kv head by kv head, a group's heads within
 
 
-def _forward(body, layers, lm_head, rope, keys, values, ids, positions, mask, length, column) -> torch.Tensor:
-    """One decode step's math: logits ``[B, V]`` (``rope`` None: GPT-2, else Llama / Qwen2)."""
+def lean_projection(module):
+    """``module``, or where it is a PEFT LoRA layer applying plain LoRA (adapters on and not merged, no DoRA or
+    other variant, no dropout active) a function giving the same output: the base layer's plus ``(x A^T)(s B)^T``
+    for each active adapter, with ``s B`` computed here, once. Read the adapters again after they change."""
+    if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
+        return module
+    active = [a for a in module.active_adapters if a in module.lora_A]
+    plain = (
+        not module.disable_adapters
+        and not module.merged
+        and not any(a in getattr(module, "lora_variant", {}) for a in active)
+        and all(isinstance(module.lora_dropout[a], torch.nn.Identity) or not module.training for a in active)
+    )
+    if not plain:
+        return module
+    base = module.base_layer
+    pairs = tuple((module.lora_A[a].weight, module.lora_B[a].weight * module.scaling[a]) for a in active)
+
+    def projection(x: torch.Tensor) -> torch.Tensor:
+        out = base(x)
+        for a, scaled_b in pairs:
+            out = out + F.linear(F.linear(x.to(a.dtype), a), scaled_b).to(out.dtype)
+        return out
+
+    return projection
+
+
+def _layer_projections(layer) -> tuple:
+    """A Llama / Qwen2 layer's seven projections as ``lean_projection`` gives them: q, k, v, o, gate, up, down."""
+    attn, mlp = layer.self_attn, layer.mlp
+    modules = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    return tuple(map(lean_projection, modules))
+
+
+def _forward(
+    body, layers, lm_head, rope, keys, values, ids, positions, mask, length, column, projections=None
+) -> torch.Tensor:
+    """One decode step's math: logits ``[B, V]`` (``rope`` None: GPT-2, else Llama / Qwen2). ``projections``:
+    each Llama / Qwen2 layer's projections as ``_layer_projections`` gives them, or None to call its modules."""
     batch = ids.shape[0]
     if rope is None:
         x = body.wte(ids) + body.wpe(positions)  # [B, 1, H]
@@ -196,15 +242,21 @@ def _forward(body, layers, lm_head, rope, keys, values, ids, positions, mask, le
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
+            if projections is None:
+                q_proj, k_proj, v_proj, o_proj, mlp = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp
+            else:
+                q_proj, k_proj, v_proj, o_proj, gate, up, down = projections[i]
+                act = layer.mlp.act_fn
+
+                def mlp(y, gate=gate, up=up, down=down, act=act):  # LlamaMLP / Qwen2MLP's forward
+                    return down(act(gate(y)) * up(y))
+
+            q = q_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
+            k = k_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
+            v = v_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             q, k = rope(q, k, cos, sin)
-            if attn.num_key_value_groups > 1:
-                k = k.repeat_interleave(attn.num_key_value_groups, dim=1)
-                v = v.repeat_interleave(attn.num_key_value_groups, dim=1)
-            x = x + attn.o_proj(_attend(keys[i], values[i], q, k, v, mask, attn.scaling, length, column))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + o_proj(_attend(keys[i], values[i], q, k, v, mask, attn.scaling, length, column))
+            x = x + mlp(layer.post_attention_layernorm(x))
         x = body.norm(x)
     return lm_head(x)[:, -1]
 

@@ -125,12 +125,17 @@ def test_lean_step_samples_what_the_models_forward_samples(arch, tok, monkeypatc
         assert_same_sampling(fast, plain)
 
 
-def test_lean_step_applies_lora_adapters(tiny_model_dir, tok, monkeypatch):
-    policy = apply_lora(load_causal_lm(str(tiny_model_dir), tokenizer=tok), LoraArgs(lora_r=4))
+def with_random_adapters(model, r: int = 4):
+    policy = apply_lora(model, LoraArgs(lora_r=r, lora_alpha=2 * r))
     with torch.no_grad():  # B starts at 0, which would make the adapters a no-op
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
+    return policy
+
+
+def test_lean_step_applies_lora_adapters(tiny_model_dir, tok, monkeypatch):
+    policy = with_random_adapters(load_causal_lm(str(tiny_model_dir), tokenizer=tok))
     assert lean._supported(policy)
     prompts = grpo_batch(tok)
     args = GenerationArgs(max_new_tokens=12)
@@ -139,6 +144,29 @@ def test_lean_step_applies_lora_adapters(tiny_model_dir, tok, monkeypatch):
     with policy.disable_adapter():
         base = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
     assert not torch.allclose(base[1][1], fast[1][1])  # the adapters changed the decode steps' logits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_lora_projections_sample_what_peft_layers_sample(arch, tok, monkeypatch):
+    """Llama / Qwen2 (grouped-query attention): the decode step computes each adapted projection itself
+    (``lean_projection``), with the adapters' scaling folded into B, and samples what PEFT's layers sample."""
+    policy = with_random_adapters(random_model(arch, tok))
+    layer = lean.base_model(policy).model.layers[0]
+    with torch.no_grad():
+        for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+            projection = lean.lean_projection(module)
+            assert projection is not module
+            x = torch.randn(3, 1, module.in_features)
+            torch.testing.assert_close(projection(x), module(x), rtol=0, atol=1e-5)
+            assert not torch.allclose(module.base_layer(x), module(x), atol=1e-3)  # the adapter counts
+    prompts = grpo_batch(tok, group=3)
+    args = GenerationArgs(max_new_tokens=16)
+    fast = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
+    assert_same_sampling(fast, sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False), 1e-5)
+    with policy.disable_adapter():  # adapters off: the projections are the modules again, and the logits differ
+        assert lean.lean_projection(layer.self_attn.q_proj) is layer.self_attn.q_proj
+        base = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
+    assert not torch.allclose(base[1][1], fast[1][1])
 
 
 def test_lean_loop_stops_once_every_row_has_stopped(gpt2, tok, monkeypatch):

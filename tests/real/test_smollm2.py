@@ -44,8 +44,9 @@ def test_gguf_file_loads_as_its_plain_folder_with_chat_template_and_end_of_turn(
 
 
 def test_sampler_greedy_gives_generates_tokens_with_left_padding(smollm2):
-    """The lean KV-cache decode step (grouped-query heads attending to their shared keys, RoPE at mask-counted positions) against
-    transformers' own greedy generate, on a left-padded batch of chat prompts of different lengths."""
+    """The lean KV-cache decode step (grouped-query heads attending to their shared keys, RoPE at mask-counted
+    positions) against transformers' own greedy generate, on a left-padded batch of chat prompts of different
+    lengths."""
     tok, model = smollm2
     assert lean._supported(model)
     prompts = [chat_prompt_ids(tok, q) for q in QUESTIONS]

@@ -14,7 +14,7 @@ TRL_CHECK="${TRL_CHECK:-from trl.experimental.ppo import PPOConfig, PPOTrainer}"
 
 export TRL_CHECK
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$TRL_VERSION" <<'PYCHECK' 2>/dev/null; then
-import os, sys, trl
+import os, sys, peft, trl
 exec(os.environ["TRL_CHECK"])
 sys.exit(0 if trl.__version__ == sys.argv[1] else 1)
 PYCHECK
@@ -27,9 +27,10 @@ fi
 "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
 CONSTRAINTS="$VENV/constraints.txt"
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
-"$VENV/bin/pip" install -q -c "$CONSTRAINTS" "trl==$TRL_VERSION"
+# peft: the benchmarks' LoRA rows (TRL takes a peft_config)
+"$VENV/bin/pip" install -q -c "$CONSTRAINTS" "trl==$TRL_VERSION" peft
 "$VENV/bin/python" - <<'PYCHECK'
-import os, torch, transformers, trl
+import os, peft, torch, transformers, trl
 exec(os.environ["TRL_CHECK"])
-print(f"bench: trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
+print(f"bench: trl {trl.__version__}, peft {peft.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
 PYCHECK

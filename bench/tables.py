@@ -409,6 +409,8 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "cdda92e25d56 --repeats 3 --rows ppo",
     "529a2d36f3bd --rows 'dpo,dpo checkpointing,dpo vocab-chunk-off' --skip-trl --max-wait 0.0",
     "d52f1f507371 --repeats 3 --rows grpo --max-wait 60.0",
+    "e6f11827a3d1 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "a5c47b76297d --steps 4 --repeats 3 --rows grpo-lora,ppo-lora",
 ]
 REAL_LABELS = {
     "sft": "sft",

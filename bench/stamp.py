@@ -56,12 +56,12 @@ def watched_paths() -> list[str]:
 
 def git_commit() -> str | None:
     """HEAD's sha, with ``-dirty`` when tracked files under rlhfkit/ or bench/ have uncommitted changes;
-    None outside a git work tree."""
+    outside a git work tree the BENCH_COMMIT environment variable's value, or None."""
     try:
         sha = _git("rev-parse", "HEAD")
         changed = _git("status", "--porcelain", "--untracked-files=no", "--", *watched_paths())
     except (OSError, subprocess.CalledProcessError):
-        return None
+        return os.environ.get("BENCH_COMMIT") or None  # a copy of the tree without its .git, e.g. on a GPU machine
     return sha + ("-dirty" if changed else "")
 
 

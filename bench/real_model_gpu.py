@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         try:
             r = run_row(row, models, data, work, args.steps, args.seed, gpu)
-            log(f"{row[0]}: {r['step_s']:.2f} s/step, peak GPU {r.get('peak_gpu_mb') or 0:.0f} MB")
+            gpu_mb, lean = r.get("peak_gpu_mb") or 0, r.get("lean_decode")
+            log(f"{row[0]}: {r['step_s']:.2f} s/step, peak GPU {gpu_mb:.0f} MB, lean decode step {lean}")
         except (Exception, SystemExit) as e:  # one failing row must not cost the others
             r = {"error": f"{type(e).__name__}: {e}"}
             log(f"{row[0]} failed: {r['error']}")

@@ -6,8 +6,9 @@ step ends.
 COMMAND is one of the online-RL commands (ppo, grpo, rloo; default ppo). It runs exactly as on the command
 line (``rlhfkit.cli.main.main([COMMAND, ...])``); the only addition is a wrapper around ``OnlineTrainer.step``
 that reads the clock and the rollout's response mask after each step. Writes RESULT.json with step end
-times, generated tokens per step, the start-up time (process start to the first step), the peak RSS of
-this process and, on a GPU, the peak GPU memory allocated and reserved by torch's caching allocator.
+times, generated tokens per step, whether the policy samples through rlhfkit's lean decode step, the start-up
+time (process start to the first step), the peak RSS of this process and, on a GPU, the peak GPU memory
+allocated and reserved by torch's caching allocator.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def instrument(record: dict) -> None:
 
     def step(self, batch):
         if record["first_step_start"] is None:
+            from rlhfkit.accel.decode import _supported
+
+            record["lean_decode"] = _supported(self.policy)  # whether sampling runs rlhfkit's own decode step
             record["first_step_start"] = time.perf_counter()
         metrics = original(self, batch)
         record["step_ends"].append(time.perf_counter())
@@ -62,6 +66,7 @@ def main(argv: list[str]) -> int:
         "train_s": record["step_ends"][-1] - begin,
         "step_ends": [t - begin for t in record["step_ends"]],
         "generated_tokens": record["generated_tokens"],
+        "lean_decode": record.get("lean_decode"),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
     if torch.cuda.is_available():  # the caching allocator's peaks: tensors, and what it held from the driver

@@ -639,6 +639,68 @@ def profile_floor(runs: list[Run] | None = None) -> list[str]:
     return [*table(header, rows), "", sources(*runs)]
 
 
+GPU_MACHINE = "Intel(R) Xeon(R) Processor; torch kernels AVX512, avx2 avx512f avx512_bf16 amx_bf16; 16 cores"
+GPU_RUN = "3896111887cd-dirty"
+GPU_CPU_RUNS = [(REAL_MACHINE, "c25c919d04de --threads 2")]
+
+
+def real_gpu() -> list[str]:
+    """bench/real_model_gpu.py: the GPU's rows, then the same fp32 rows on the 2-core CPU, and the GPU's agreement
+    with the CPU."""
+    runs = [Run("real_model_gpu", GPU_MACHINE, GPU_RUN)] + [Run("real_model_gpu", m, k) for m, k in GPU_CPU_RUNS]
+
+    def mean(r: dict, key: str, digits: int = 2) -> str:
+        xs = [x for x in r["curves"].get(key, []) if x is not None]
+        return f"{statistics.mean(xs):.{digits}f}" if xs else ""
+
+    out = []
+    for run in runs:
+        device = run["device"].replace("NVIDIA ", "")
+        for name, r in run["rows"].items():
+            if "error" in r:
+                out.append([name, device, "failed", *[""] * 6])
+                continue
+            phases = r.get("phases") or r.get("internal") or {}
+            gpu = f"{r['peak_gpu_mb']:,.0f} / {r['peak_gpu_reserved_mb']:,.0f}" if r.get("peak_gpu_mb") else ""
+            out.append(
+                [
+                    name,
+                    device,
+                    f"{r['step_s']:.2f}",
+                    " / ".join(f"{phases.get(f'time/{k}_s', math.nan):.2f}" for k in ("generate", "forward", "update")),
+                    gpu,
+                    mean(r, "reward/score"),
+                    f"{r['curves']['kl/ref'][-1]:.3f}",
+                    mean(r, "policy/entropy"),
+                    mean(r, "response/length", 1),
+                ]
+            )
+    header = [
+        "row",
+        "device",
+        "s/step",
+        "generate / forward / update s",
+        "peak GPU MB (allocated / reserved)",
+        "reward/score, mean of steps",
+        "kl/ref, last step",
+        "policy/entropy, mean",
+        "response/length, mean",
+    ]
+    notes = []
+    for agreement in (run["agreement"] for run in runs):
+        for name, x in agreement.items():
+            if not isinstance(x, dict):
+                continue
+            notes.append(
+                f"{name.replace('cuda', 'GPU').replace('cpu', 'CPU')} against the CPU in fp32, {agreement['prompts']} "
+                f"prompts: greedy "
+                f"responses identical {x['greedy_same_share']:.0%} (tokens before the first difference "
+                f"{x['greedy_tokens_before_first_difference']:.0%}); log-probs of the CPU's responses max |diff| "
+                f"{x['logprob_max_abs_diff']:.1e}, mean {x['logprob_mean_abs_diff']:.1e}."
+            )
+    return [*table(header, out), "", *(wrap(n) for n in notes), sources(*runs)]
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
     "speed": speed,
     "speed_readme": lambda: speed(compact=True),
@@ -652,6 +714,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_memory": real_memory,
     "real_speed": real_speed,
     "real_phases": real_phases,
+    "real_gpu": real_gpu,
     "real_profile_floor": lambda: profile_floor(
         [Run("profile_ppo", REAL_MACHINE, "a91f608078eb-dirty --size smollm2 --steps 3 --threads 2")]
     ),

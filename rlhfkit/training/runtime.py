@@ -10,6 +10,7 @@ import random
 import numpy as np
 import torch
 
+from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines
 
 
@@ -22,6 +23,7 @@ def make_accelerator(run):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
+    check_processes_per_gpu(run.cpu)
     precision = run.mixed_precision
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
@@ -29,6 +31,21 @@ def make_accelerator(run):
     accelerator = Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
     engines.use_fsdp_on_cpu(accelerator)
     return accelerator
+
+
+def check_processes_per_gpu(cpu: bool) -> None:
+    """Several GPU processes on one machine each need a GPU of their own (NCCL refuses two ranks on one GPU, with
+    an error that does not say so); stop at once, naming the fix, when the launcher started more than there are."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if cpu or local <= 1 or not torch.cuda.is_available():
+        return
+    gpus = torch.cuda.device_count()
+    if local > gpus:
+        raise UserError(
+            f"{local} processes on this machine but {gpus} GPU{'s' if gpus != 1 else ''}: each process needs its own "
+            f"GPU; start at most {gpus} per machine (torchrun --nproc-per-node {gpus}), or pass "
+            f"{option('cpu', True)} to run the processes on the CPU"
+        )
 
 
 def _cpu(requested: bool) -> bool:
@@ -44,6 +61,7 @@ def process_state(cpu: bool, dist_timeout: int):
     ``.num_processes`` as accelerate's ``PartialState``."""
     from accelerate import PartialState
 
+    check_processes_per_gpu(cpu)
     return PartialState(cpu=_cpu(cpu), timeout=datetime.timedelta(seconds=dist_timeout))
 
 

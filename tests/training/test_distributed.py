@@ -29,6 +29,7 @@ from tests.helpers import (
     one_thread_env,
     pref_rows,
     run_cli,
+    sft_args,
     sft_rows,
     weights,
     write_jsonl,
@@ -258,3 +259,24 @@ def test_resuming_with_another_number_of_processes_stops_at_once(tiny_model_dir,
         f"error: {out / 'checkpoints' / f'step-{STEPS}'}: written by 2 process(es); resume it with 2 (this run has 1): "
         "each process's sampling randomness is part of the checkpoint"
     )
+
+
+def test_more_gpu_processes_than_gpus_stop_with_the_fix_named(monkeypatch, capsys, tiny_model_dir, tmp_path):
+    """NCCL refuses two ranks on one GPU with an error that does not say so: the run stops before the process
+    group, naming the processes, the GPUs and the way out; on the CPU, or one process per GPU, nothing stops."""
+    from rlhfkit.errors import UserError
+    from rlhfkit.training.runtime import check_processes_per_gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"2 processes on this machine but 1 GPU: .*--nproc-per-node 1.*--cpu"):
+        check_processes_per_gpu(cpu=False)
+    check_processes_per_gpu(cpu=True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_processes_per_gpu(cpu=False)
+    # a training command reaches it before its process group is set up
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(8))
+    code, _, err = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / "o", max_steps=1))
+    assert code != 0 and "each process needs its own GPU" in err

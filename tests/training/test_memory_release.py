@@ -36,5 +36,6 @@ SCRIPT = textwrap.dedent(
 def test_release_freed_memory_lowers_the_resident_size():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout
     before, freed, after = map(float, out.split())
-    assert freed > before - 96  # most of the freed 192 MB are still resident: the heap keeps them
-    assert after < freed - 96  # and trimming returns them
+    if freed <= before - 96:  # an allocator (glibc version, torch build) that unmaps freed blocks itself
+        pytest.skip(f"the allocator gave the freed pages back by itself ({before:.0f} -> {freed:.0f} MB): none to trim")
+    assert after < freed - 96  # most of the freed 192 MB stayed resident (the heap keeps them); trimming returns them

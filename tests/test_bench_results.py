@@ -47,7 +47,13 @@ def test_check_fails_when_a_table_differs(tmp_path, capsys):
 
 def test_every_run_is_filed_under_its_stamp():
     files = sorted((BENCH / "reported").glob("*.json"))
-    assert [f.name for f in files] == ["grpo_vs_trl.json", "ppo_vs_trl.json", "profile_ppo.json", "real_model.json"]
+    assert [f.name for f in files] == [
+        "grpo_vs_trl.json",
+        "ppo_vs_trl.json",
+        "profile_ppo.json",
+        "real_model.json",
+        "real_model_gpu.json",
+    ]
     for f in files:
         data = json.loads(f.read_text())
         assert data["benchmark"] == f.stem

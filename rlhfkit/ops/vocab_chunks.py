@@ -100,7 +100,11 @@ def chunked_entropy(logits: torch.Tensor) -> torch.Tensor:
 class _HeadLogprobs(torch.autograd.Function):
     """The LM head and the log-probs (and entropy) together, a block of positions at a time: ``z = h W^T / τ``
     per block, never the whole ``[N, V]``. The backward recomputes each block's ``z`` and probabilities, and
-    adds its part of ``dL/dh = g W / τ`` and ``dL/dW = g^T h / τ`` (``g = dL/dz``, as in the two functions above)."""
+    adds its part of ``dL/dh = g W / τ`` and ``dL/dW = g^T h / τ`` (``g = dL/dz``, as in the two functions above).
+
+    Each block's arithmetic runs in place on the block's logits and one block of probabilities: at a real
+    vocabulary a ``[rows, V]`` block is tens of MB, which the allocator maps afresh (and the kernel zero-fills)
+    each time one is allocated, so every temporary of that size costs a pass over new memory."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool):
@@ -110,12 +114,17 @@ class _HeadLogprobs(torch.autograd.Function):
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, rows):
-            z = (hidden[s : s + rows] @ weight.T).float() * inv_temperature
-            lse[s : s + rows] = torch.logsumexp(z, dim=-1)
-            logprobs[s : s + rows] = z.gather(-1, labels[s : s + rows, None]).squeeze(-1) - lse[s : s + rows]
-            if with_entropy:
-                p, logp = _Entropy._block(z, lse[s : s + rows])
-                entropy[s : s + rows] = -(p * logp).sum(-1)
+            z = _logits(hidden[s : s + rows], weight, inv_temperature)
+            top = z.amax(dim=-1, keepdim=True)
+            label_logit = z.gather(-1, labels[s : s + rows, None]).squeeze(-1)
+            z.sub_(top)  # z - max: exp cannot overflow
+            e = z.exp() if with_entropy else z.exp_()  # the entropy needs z - max as well
+            total = e.sum(-1)
+            lse[s : s + rows] = top.squeeze(-1) + total.log()
+            logprobs[s : s + rows] = label_logit - lse[s : s + rows]
+            if with_entropy:  # H = lse - Σ p z = log Σe - Σ e (z - max) / Σe; entries with e = 0 add nothing
+                z.masked_fill_(e == 0, 0.0).mul_(e)
+                entropy[s : s + rows] = total.log() - z.sum(-1) / total
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
         ctx.inv_temperature, ctx.with_entropy = inv_temperature, with_entropy
         return logprobs, entropy
@@ -129,18 +138,33 @@ class _HeadLogprobs(torch.autograd.Function):
         rows = rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s : s + rows]
-            z = (h @ weight.T).float() * ctx.inv_temperature
-            p, logp = _Entropy._block(z, lse[s : s + rows])
+            logp = _logits(h, weight, ctx.inv_temperature).sub_(lse[s : s + rows, None])
+            g = logp.exp()  # p, then d loss / dz in place
             g_lp = grad_logprobs[s : s + rows, None]
-            g = (-p * g_lp).scatter_add_(-1, labels[s : s + rows, None], g_lp)  # d logprob / dz
-            if ctx.with_entropy and grad_entropy is not None:
-                g -= p * (logp + entropy[s : s + rows, None]) * grad_entropy[s : s + rows, None]
-            g = (g * ctx.inv_temperature).to(hidden.dtype)  # through z = raw / τ
+            if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H), entries with p = 0 none
+                logp.masked_fill_(g == 0, 0.0).add_(entropy[s : s + rows, None]).mul_(g)
+                logp.mul_(grad_entropy[s : s + rows, None])
+                g.mul_(-g_lp).scatter_add_(-1, labels[s : s + rows, None], g_lp).sub_(logp)
+            else:
+                g.mul_(-g_lp).scatter_add_(-1, labels[s : s + rows, None], g_lp)  # d logprob / dz
+            if ctx.inv_temperature != 1.0:
+                g.mul_(ctx.inv_temperature)  # through z = raw / τ
+            g = g.to(hidden.dtype)
             if need_hidden:
                 grad_hidden[s : s + rows] = g @ weight
             if need_weight:
-                grad_weight += (g.T @ h).float()
+                if g.dtype == torch.float32 and h.dtype == torch.float32:
+                    grad_weight.addmm_(g.T, h)  # no [V, H] temporary per block
+                else:
+                    grad_weight += (g.T @ h).float()
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
+    """A block's ``hidden @ weight^T / τ`` as a float32 tensor of its own (the in-place steps may write it)."""
+    z = hidden @ weight.T
+    z = z.float() if z.dtype != torch.float32 else z
+    return z.mul_(inv_temperature) if inv_temperature != 1.0 else z
 
 
 def head_logprobs(

@@ -118,7 +118,7 @@ class _HeadLogprobs(torch.autograd.Function):
             top = z.amax(dim=-1, keepdim=True)
             label_logit = z.gather(-1, labels[s : s + rows, None]).squeeze(-1)
             z.sub_(top)  # z - max: exp cannot overflow
-            e = z.exp() if with_entropy else z.exp_()  # the entropy needs z - max as well
+            e = _exp(z, hidden, weight) if with_entropy else z.exp_()  # the entropy needs z - max as well
             total = e.sum(-1)
             lse[s : s + rows] = top.squeeze(-1) + total.log()
             logprobs[s : s + rows] = label_logit - lse[s : s + rows]
@@ -139,7 +139,7 @@ class _HeadLogprobs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s : s + rows]
             logp = _logits(h, weight, ctx.inv_temperature).sub_(lse[s : s + rows, None])
-            g = logp.exp()  # p, then d loss / dz in place
+            g = _exp(logp, h, weight)  # p, then d loss / dz in place
             g_lp = grad_logprobs[s : s + rows, None]
             if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H), entries with p = 0 none
                 logp.masked_fill_(g == 0, 0.0).add_(entropy[s : s + rows, None]).mul_(g)
@@ -161,10 +161,35 @@ class _HeadLogprobs(torch.autograd.Function):
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
-    """A block's ``hidden @ weight^T / τ`` as a float32 tensor of its own (the in-place steps may write it)."""
-    z = hidden @ weight.T
+    """A block's ``hidden @ weight^T / τ`` as a float32 tensor the in-place steps may write: on the CPU in fp32,
+    in a block kept between calls (``_block``), else a new tensor."""
+    buffer = _block(hidden, weight, 0)
+    z = torch.mm(hidden, weight.T, out=buffer) if buffer is not None else hidden @ weight.T
     z = z.float() if z.dtype != torch.float32 else z
     return z.mul_(inv_temperature) if inv_temperature != 1.0 else z
+
+
+def _exp(z: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``exp(z)`` into the second kept block where there is one."""
+    buffer = _block(hidden, weight, 1)
+    return torch.exp(z, out=buffer) if buffer is not None else z.exp()
+
+
+_BLOCKS: dict[int, torch.Tensor] = {}
+
+
+def _block(hidden: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
+    """The ``slot``-th ``[rows, V]`` float32 block kept for fp32 products on the CPU, cut to ``hidden``'s rows.
+    A fresh block of this size is a new mapping of the process's memory, zero-filled page by page on its first
+    touch; the passes of a training step take several, so two are kept and written over instead (2 x 64 MB)."""
+    if hidden.device.type != "cpu" or hidden.dtype != torch.float32 or weight.dtype != torch.float32:
+        return None
+    if torch.is_autocast_enabled("cpu"):
+        return None  # the product runs in the autocast dtype
+    shape = (rows_per_chunk(weight.shape[0]), weight.shape[0])
+    if slot not in _BLOCKS or _BLOCKS[slot].shape != shape:  # one block per slot: the last head's size
+        _BLOCKS[slot] = torch.empty(shape, dtype=torch.float32)
+    return _BLOCKS[slot][: hidden.shape[0]]
 
 
 def head_logprobs(

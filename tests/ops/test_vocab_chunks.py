@@ -115,7 +115,12 @@ def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradient
         ((lp * w_lp).sum() + ((ent * w_ent).sum() if with_entropy else 0)).backward()
         return lp.double(), (ent.double() if with_entropy else 0), h.grad.double(), w.grad.double()
 
-    for got, want in zip(run(True), run(False)):
+    fused = run(True)
+    for got, want in zip(fused, run(False)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-    lp, ent = head_logprobs(hidden.float(), weight.float(), labels)
-    assert ent is None and lp.shape == (3, 7)
+    lp, ent = head_logprobs(
+        hidden.float(), weight.float(), labels, temperature
+    )  # again: the kept blocks hold the last call's
+    assert ent is None and torch.equal(lp.double(), fused[0])
+    lp, _ = head_logprobs(hidden[:1].float(), weight.float(), labels[:1], temperature)  # fewer rows than a block
+    torch.testing.assert_close(lp.double(), fused[0][:1].detach(), rtol=0, atol=1e-6)

@@ -12,6 +12,7 @@ probabilities block by block, writing each block of the gradient in place.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -175,21 +176,28 @@ def _exp(z: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> torch.T
     return torch.exp(z, out=buffer) if buffer is not None else z.exp()
 
 
-_BLOCKS: dict[int, torch.Tensor] = {}
+_KEPT = threading.local()  # each thread its own blocks, freed with the thread
 
 
 def _block(hidden: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
     """The ``slot``-th ``[rows, V]`` float32 block kept for fp32 products on the CPU, cut to ``hidden``'s rows.
     A fresh block of this size is a new mapping of the process's memory, zero-filled page by page on its first
-    touch; the passes of a training step take several, so two are kept and written over instead (2 x 64 MB)."""
+    touch; the passes of a training step take several, so two are kept and written over instead (2 x 64 MB,
+    until ``release_blocks``)."""
     if hidden.device.type != "cpu" or hidden.dtype != torch.float32 or weight.dtype != torch.float32:
         return None
     if torch.is_autocast_enabled("cpu"):
         return None  # the product runs in the autocast dtype
+    blocks = _KEPT.__dict__.setdefault("blocks", {})
     shape = (rows_per_chunk(weight.shape[0]), weight.shape[0])
-    if slot not in _BLOCKS or _BLOCKS[slot].shape != shape:  # one block per slot: the last head's size
-        _BLOCKS[slot] = torch.empty(shape, dtype=torch.float32)
-    return _BLOCKS[slot][: hidden.shape[0]]
+    if slot not in blocks or blocks[slot].shape != shape:  # one block per slot: the last head's size
+        blocks[slot] = torch.empty(shape, dtype=torch.float32)
+    return blocks[slot][: hidden.shape[0]]
+
+
+def release_blocks() -> None:
+    """Free this thread's kept blocks (a training run calls it when it ends)."""
+    _KEPT.__dict__.pop("blocks", None)
 
 
 def head_logprobs(

@@ -124,3 +124,32 @@ def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradient
     assert ent is None and torch.equal(lp.double(), fused[0])
     lp, _ = head_logprobs(hidden[:1].float(), weight.float(), labels[:1], temperature)  # fewer rows than a block
     torch.testing.assert_close(lp.double(), fused[0][:1].detach(), rtol=0, atol=1e-6)
+
+
+def test_kept_blocks_are_each_threads_own_and_a_training_run_frees_them(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import threading
+
+    from tests.helpers import run_cli, sft_args, sft_rows, write_jsonl
+
+    hidden, weight, labels = torch.randn(5, 16), torch.randn(400, 16), torch.randint(400, (5,))
+    head_logprobs(hidden, weight, labels, with_entropy=True)
+    mine = dict(vocab_chunks._KEPT.blocks)
+    theirs = {}
+    worker = threading.Thread(
+        target=lambda: (head_logprobs(hidden, weight, labels), theirs.update(vocab_chunks._KEPT.blocks))
+    )
+    worker.start()
+    worker.join()
+    assert set(mine) == {0, 1} and theirs[0].data_ptr() != mine[0].data_ptr()  # no thread writes another's
+    vocab_chunks.release_blocks()
+    assert "blocks" not in vocab_chunks._KEPT.__dict__
+
+    # an SFT run on the tiny model with the LM head taken block by block keeps blocks while it trains, and
+    # frees them when it ends
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 4 * 400)
+    used, block = [], vocab_chunks._block
+    monkeypatch.setattr(vocab_chunks, "_block", lambda *a: used.append(a[2]) or block(*a))
+    data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(8))
+    code, _, _ = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / "out", max_steps=2, batch_size=4))
+    assert code == 0 and used
+    assert "blocks" not in vocab_chunks._KEPT.__dict__

@@ -119,7 +119,7 @@ class _HeadLogprobs(torch.autograd.Function):
             top = z.amax(dim=-1, keepdim=True)
             label_logit = z.gather(-1, labels[s : s + rows, None]).squeeze(-1)
             z.sub_(top)  # z - max: exp cannot overflow
-            e = _exp(z, hidden, weight) if with_entropy else z.exp_()  # the entropy needs z - max as well
+            e = _exp(z) if with_entropy else z.exp_()  # the entropy needs z - max as well
             total = e.sum(-1)
             lse[s : s + rows] = top.squeeze(-1) + total.log()
             logprobs[s : s + rows] = label_logit - lse[s : s + rows]
@@ -135,12 +135,12 @@ class _HeadLogprobs(torch.autograd.Function):
         hidden, weight, labels, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_weight = None
         rows = rows_per_chunk(weight.shape[0])
         for s in range(0, hidden.shape[0], rows):
             h = hidden[s : s + rows]
             logp = _logits(h, weight, ctx.inv_temperature).sub_(lse[s : s + rows, None])
-            g = _exp(logp, h, weight)  # p, then d loss / dz in place
+            g = _exp(logp)  # p, then d loss / dz in place
             g_lp = grad_logprobs[s : s + rows, None]
             if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H), entries with p = 0 none
                 logp.masked_fill_(g == 0, 0.0).add_(entropy[s : s + rows, None]).mul_(g)
@@ -153,8 +153,10 @@ class _HeadLogprobs(torch.autograd.Function):
             g = g.to(hidden.dtype)
             if need_hidden:
                 grad_hidden[s : s + rows] = g @ weight
-            if need_weight:
-                if g.dtype == torch.float32 and h.dtype == torch.float32:
+            if need_weight:  # the first block's product is the sum so far; no zero-filled [V, H] first
+                if grad_weight is None:
+                    grad_weight = (g.T @ h).float()
+                elif g.dtype == torch.float32 and h.dtype == torch.float32:
                     grad_weight.addmm_(g.T, h)  # no [V, H] temporary per block
                 else:
                     grad_weight += (g.T @ h).float()
@@ -163,36 +165,36 @@ class _HeadLogprobs(torch.autograd.Function):
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
     """A block's ``hidden @ weight^T / τ`` as a float32 tensor the in-place steps may write: on the CPU in fp32,
-    in a block kept between calls (``_block``), else a new tensor."""
-    buffer = _block(hidden, weight, 0)
-    z = torch.mm(hidden, weight.T, out=buffer) if buffer is not None else hidden @ weight.T
-    z = z.float() if z.dtype != torch.float32 else z
+    in a block kept between calls (``_kept``), else a new tensor."""
+    fp32 = hidden.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+    if hidden.device.type == "cpu" and fp32:
+        z = torch.mm(hidden, weight.T, out=_kept(0, hidden.shape[0], weight.shape[0]))
+    else:
+        z = hidden @ weight.T  # in the autocast dtype where autocast is on
+        z = z.float() if z.dtype != torch.float32 else z
     return z.mul_(inv_temperature) if inv_temperature != 1.0 else z
 
 
-def _exp(z: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``exp(z)`` into the second kept block where there is one."""
-    buffer = _block(hidden, weight, 1)
-    return torch.exp(z, out=buffer) if buffer is not None else z.exp()
+def _exp(z: torch.Tensor) -> torch.Tensor:
+    """``exp(z)`` of a float32 block, on the CPU into the second kept block."""
+    if z.device.type == "cpu":
+        return torch.exp(z, out=_kept(1, *z.shape))
+    return z.exp()
 
 
 _KEPT = threading.local()  # each thread its own blocks, freed with the thread
 
 
-def _block(hidden: torch.Tensor, weight: torch.Tensor, slot: int) -> torch.Tensor | None:
-    """The ``slot``-th ``[rows, V]`` float32 block kept for fp32 products on the CPU, cut to ``hidden``'s rows.
+def _kept(slot: int, rows: int, vocab: int) -> torch.Tensor:
+    """The first ``rows`` rows of the ``slot``-th ``[rows_per_chunk(vocab), vocab]`` float32 block kept on the CPU.
     A fresh block of this size is a new mapping of the process's memory, zero-filled page by page on its first
     touch; the passes of a training step take several, so two are kept and written over instead (2 x 64 MB,
     until ``release_blocks``)."""
-    if hidden.device.type != "cpu" or hidden.dtype != torch.float32 or weight.dtype != torch.float32:
-        return None
-    if torch.is_autocast_enabled("cpu"):
-        return None  # the product runs in the autocast dtype
     blocks = _KEPT.__dict__.setdefault("blocks", {})
-    shape = (rows_per_chunk(weight.shape[0]), weight.shape[0])
+    shape = (rows_per_chunk(vocab), vocab)
     if slot not in blocks or blocks[slot].shape != shape:  # one block per slot: the last head's size
         blocks[slot] = torch.empty(shape, dtype=torch.float32)
-    return blocks[slot][: hidden.shape[0]]
+    return blocks[slot][:rows]
 
 
 def release_blocks() -> None:

@@ -93,6 +93,7 @@ def test_half_precision_logits_give_float32_and_a_gradient_of_their_dtype(small_
     torch.testing.assert_close(out.double(), plain_logprobs(x.detach().double(), labels), rtol=0, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch resizing a kept block it was given as out=
 @pytest.mark.parametrize("with_entropy", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradients(
@@ -122,7 +123,9 @@ def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradient
         hidden.float(), weight.float(), labels, temperature
     )  # again: the kept blocks hold the last call's
     assert ent is None and torch.equal(lp.double(), fused[0])
-    lp, _ = head_logprobs(hidden[:1].float(), weight.float(), labels[:1], temperature)  # fewer rows than a block
+    lp, _ = head_logprobs(
+        hidden[:1].float(), weight.float(), labels[:1], temperature, with_entropy
+    )  # fewer rows than a block
     torch.testing.assert_close(lp.double(), fused[0][:1].detach(), rtol=0, atol=1e-6)
 
 
@@ -147,8 +150,8 @@ def test_kept_blocks_are_each_threads_own_and_a_training_run_frees_them(tiny_mod
     # an SFT run on the tiny model with the LM head taken block by block keeps blocks while it trains, and
     # frees them when it ends
     monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 4 * 400)
-    used, block = [], vocab_chunks._block
-    monkeypatch.setattr(vocab_chunks, "_block", lambda *a: used.append(a[2]) or block(*a))
+    used, kept = [], vocab_chunks._kept
+    monkeypatch.setattr(vocab_chunks, "_kept", lambda *a: used.append(a[0]) or kept(*a))
     data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(8))
     code, _, _ = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / "out", max_steps=2, batch_size=4))
     assert code == 0 and used

@@ -235,9 +235,12 @@ class _OneDNNMatmul(torch.autograd.Function):
 
 def linear_matmul(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
     """``x @ b + bias`` over the last dim of ``x`` (``b [K, N]``) through oneDNN when that applies here (CPU,
-    fp32, no autocast, a product of at least ONEDNN_MIN_MACS), else None (the caller's default path)."""
+    fp32, no autocast, a product of at least ONEDNN_MIN_MACS, not inside a ``torch.compile`` trace: Inductor
+    lowers oneDNN's linear only for frozen weights, and picks its own kernels), else None (the caller's default
+    path)."""
     if (
-        x.device.type != "cpu"
+        torch.compiler.is_compiling()
+        or x.device.type != "cpu"
         or x.dtype != torch.float32
         or b.dtype != torch.float32
         or (bias is not None and bias.dtype != torch.float32)

@@ -211,6 +211,23 @@ def decode_steps(model, tok, prompts, steps: int, compiled: bool) -> list[torch.
     return out
 
 
+def test_compiled_step_runs_layers_swapped_to_onednn(tok, monkeypatch):
+    """A real model's linears run through oneDNN (rlhfkit.accel.kernels); Inductor cannot lower that op for weights
+    that change, so inside the compiled step they take the default path, and the logits are the eager step's."""
+    from rlhfkit.accel import kernels
+
+    if not kernels.onednn_ready():
+        pytest.skip("oneDNN's fp32 linear is not usable in this torch build")
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 0)  # the tiny model's products too
+    model = random_model("llama", tok)
+    assert kernels.fast_linears(model, measure=False) > 0
+    prompts = grpo_batch(tok, group=2)
+    for t_eager, t_compiled in zip(
+        decode_steps(model, tok, prompts, 4, False), decode_steps(model, tok, prompts, 4, True)
+    ):
+        torch.testing.assert_close(t_compiled, t_eager, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_compiled_step_gives_the_eager_steps_logits_and_compiles_once(arch, tok):
     from torch._dynamo.utils import counters

@@ -14,7 +14,9 @@ LoRA layers apply) in the order its forward does, with:
   step reads every cached key and value, and repeating them would multiply that traffic by the group size);
 - the attention mask given as a ready boolean ``[B, 1, 1, L]`` view of one preallocated ``[B, capacity]``
   mask (no per-step mask construction);
-- ``F.scaled_dot_product_attention`` over the first ``L`` columns of the buffers;
+- attention over the first ``L`` columns of the buffers: written out (matmul, masked softmax, matmul) on the
+  CPU, where the fused kernel's set-up costs more than the arithmetic at one query per row, and
+  ``F.scaled_dot_product_attention`` on other devices;
 - (Llama / Qwen2) a projection carrying LoRA adapters computed as its base layer plus ``(x A^T)(s B)^T``, the
   scaling ``s`` folded into ``B`` once per sampling call (``lean_projection``): the same math as PEFT's layer,
   without its per-call checks, casts and the separate scaling product, which at one token per row cost about as

@@ -299,13 +299,10 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)",
     )
-    ap.add_argument("--report", metavar="RESULTS.json", help="only print the tables of the runs in a JSON file")
-    ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
+    results_file.add_report_options(ap)
     args = ap.parse_args(argv)
     if args.report:
-        for machine, key, run in results_file.select(results_file.read(Path(args.report)), args.run):
-            print(f"\n== {machine} / {key}")
-            print_table(run)
+        results_file.print_report(Path(args.report), args.run, print_table)
         return
     stamp = Stamp()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]

@@ -262,6 +262,15 @@ def print_table(results: dict) -> None:
     print(summary(results.get("stamp")))
 
 
+def wanted_rows(ap, text: str, rows: list[tuple]) -> list[str]:
+    """The row names of a comma-separated ``--rows`` value (empty: none named); an unknown one ends the script."""
+    wanted = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in wanted if x not in {r[0] for r in rows}]
+    if unknown:
+        ap.error(f"unknown rows {unknown}; known: {', '.join(r[0] for r in rows)}")
+    return wanted
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3, help="steps of each grpo / ppo comparison run")
@@ -275,19 +284,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-wait", type=float, default=15, help="seconds to wait for that before running anyway")
     ap.add_argument("--out", default=str(BENCH / "results" / "real_model.json"), help="the benchmark's JSON file")
     ap.add_argument("--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs")
-    ap.add_argument("--report", metavar="RESULTS.json", help="only print the tables of the runs in a JSON file")
-    ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
+    results_file.add_report_options(ap)
     args = ap.parse_args(argv)
     if args.report:
-        for machine, key, run in results_file.select(results_file.read(Path(args.report)), args.run):
-            print(f"\n== {machine} / {key}")
-            print_table(run)
+        results_file.print_report(Path(args.report), args.run, print_table)
         return
     stamp = Stamp()
-    wanted = [x.strip() for x in args.rows.split(",") if x.strip()]
-    unknown = [x for x in wanted if x not in {r[0] for r in ROWS}]
-    if unknown:
-        ap.error(f"unknown rows {unknown}; known: {', '.join(r[0] for r in ROWS)}")
+    wanted = wanted_rows(ap, args.rows, ROWS)
     rows = [r for r in ROWS if not wanted or r[0] in wanted]
     work, data, _ = prepare(args.threads, args.work_dir, None)
     models = smollm2_models(work, log)

@@ -30,8 +30,8 @@ import grpo_vs_trl
 import ppo_vs_trl
 import results_file
 import torch
-from common import BENCH, SMOLLM2_LR, log, prepare, smollm2_models, step_stats
-from real_model import GRPO, LORA_R, PPO
+from common import BENCH, SMOLLM2_LR, Results, log, prepare, smollm2_models, step_stats
+from real_model import GRPO, LORA_R, PPO, wanted_rows
 from stamp import Stamp, summary
 
 # (row, command, mode, precision)
@@ -154,19 +154,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads on the CPU (0: torch's default)")
     ap.add_argument("--out", default=str(BENCH / "results" / "real_model_gpu.json"), help="the benchmark's JSON file")
     ap.add_argument("--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs")
-    ap.add_argument("--report", metavar="RESULTS.json", help="only print the tables of the runs in a JSON file")
-    ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
+    results_file.add_report_options(ap)
     args = ap.parse_args(argv)
     if args.report:
-        for machine, key, run in results_file.select(results_file.read(Path(args.report)), args.run):
-            print(f"\n== {machine} / {key}")
-            print_table(run)
+        results_file.print_report(Path(args.report), args.run, print_table)
         return
     gpu = torch.cuda.is_available()
-    wanted = [x.strip() for x in args.rows.split(",") if x.strip()]
-    unknown = [x for x in wanted if x not in {r[0] for r in ROWS}]
-    if unknown:
-        ap.error(f"unknown rows {unknown}; known: {', '.join(r[0] for r in ROWS)}")
+    wanted = wanted_rows(ap, args.rows, ROWS)
     rows = [r for r in ROWS if (r[0] in wanted if wanted else gpu or r[3] == "no")]
     stamp = Stamp()
     work, data, eval_prompts = prepare(args.threads, args.work_dir, None)
@@ -195,9 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nwrote {results.where()}")
 
 
-def results_file_run(args, ap, stamp, models, device: str):
-    from common import Results
-
+def results_file_run(args, ap, stamp, models, device: str) -> Results:
     return Results(
         Path(args.out),
         stamp,

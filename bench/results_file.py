@@ -105,3 +105,16 @@ def runs(data: dict) -> Iterator[tuple[str, str, dict]]:
 def select(data: dict, text: str | None) -> list[tuple[str, str, dict]]:
     """The runs whose "machine key / run key" contains ``text`` (every run when ``text`` is empty)."""
     return [(m, k, r) for m, k, r in runs(data) if not text or text in f"{m} / {k}"]
+
+
+def add_report_options(ap) -> None:
+    """A benchmark's ``--report FILE`` and ``--run TEXT``: print the tables of runs already in a file."""
+    ap.add_argument("--report", metavar="RESULTS.json", help="only print the tables of the runs in a JSON file")
+    ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
+
+
+def print_report(path: Path, text: str | None, print_table) -> None:
+    """``print_table(run)`` for each run of the file at ``path`` that ``select`` picks, under its machine and key."""
+    for machine, key, run in select(read(path), text):
+        print(f"\n== {machine} / {key}")
+        print_table(run)

@@ -180,17 +180,14 @@ def _attend(keys, values, q, k, v, mask, scale: float, length: int | None, colum
         if q.device.type != "cpu":
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)  # [B, kv, groups, D]
             return out.reshape(batch, 1, heads * dim)
-        # on the CPU written out: at one query per row the fused kernel's set-up costs more than the arithmetic
-        # (SmolLM2's shapes, 16 rows: 75 against 27 us a call at 16 keys, 344 against 303 at 512)
-        scores = (q @ keys.transpose(-1, -2)) * scale  # [B, kv_heads, groups, length + 1]
-        out = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, kv_heads, groups, D]
     else:
         keys.index_copy_(2, column, k)
         values.index_copy_(2, column, v)
-        # written out rather than sdpa: Inductor fuses it into the step's generated code, where the CPU sdpa
-        # kernel is a separate call that costs more than its arithmetic at one query per row
-        scores = (q @ keys.transpose(-1, -2)) * scale  # [B, kv_heads, groups, capacity]
-        out = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, kv_heads, groups, D]
+    # written out rather than sdpa: on the CPU the fused kernel's set-up costs more than the arithmetic at one
+    # query per row (SmolLM2's shapes, 16 rows: 75 against 27 us a call at 16 keys, 344 against 303 at 512), and
+    # in the compiled step Inductor fuses these into its generated code, where sdpa would be a separate call
+    scores = (q @ keys.transpose(-1, -2)) * scale  # [B, kv_heads, groups, columns]
+    out = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, kv_heads, groups, D]
     return out.reshape(batch, 1, heads * dim)  # the heads in order: kv head by kv head, a group's heads within
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.accel.kernels import head_product
 from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch, prompt_first, split_head
 from rlhfkit.data.collate import SequenceBatch
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits, vocab_chunks
@@ -64,7 +65,7 @@ def labelled_logprobs(
     fused = fused_head(model, mask.numel())  # the logits the plain path would build
     if fused is None:
         return None
-    body, weight = fused
+    body, weight, product = fused
     packed = None
     if pack_sequences and can_pack(model):
         if response_mask is None:
@@ -77,7 +78,7 @@ def labelled_logprobs(
                 input_ids, attention_mask = ids, attn
                 mask = (attn.bool() & (columns >= width))[:, 1:]  # each row's labels, in the same order
     states = stack_states(model, body, input_ids, attention_mask, 0, input_ids.shape[1] - 1, packed)
-    return head_logprobs(states[mask], weight, input_ids[:, 1:][mask])[0]
+    return head_logprobs(states[mask], weight, input_ids[:, 1:][mask], product=product)[0]
 
 
 def sequence_logprobs(model, batch: SequenceBatch, pack_sequences: bool = False) -> torch.Tensor:
@@ -129,16 +130,19 @@ def stack_states(model, body, input_ids, attention_mask, start: int, stop: int, 
 
 
 def fused_head(model, n_rows: int):
-    """The transformer stack and the LM head's weight when the log-probs of ``n_rows`` positions should be taken
-    without building their logits (``rlhfkit.ops.vocab_chunks.head_logprobs``): when those logits would exceed
-    one block of ``CHUNK_ELEMENTS`` entries and the head is a plain bias-free linear layer; else None."""
+    """The transformer stack, the LM head's weight and the way its block products run (``vocab_chunks.Product``:
+    oneDNN's where the head was swapped to it) when the log-probs of ``n_rows`` positions should be taken without
+    building their logits (``rlhfkit.ops.vocab_chunks.head_logprobs``): when those logits would exceed one block
+    of ``CHUNK_ELEMENTS`` entries and the head is a plain bias-free linear layer; else None."""
     parts = split_head(model)
     if parts is None:
         return None
     body, head = parts
     if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return None  # e.g. a LoRA-adapted head: its own forward must run
-    return (body, head.weight) if n_rows * head.out_features > vocab_chunks.CHUNK_ELEMENTS else None
+    if n_rows * head.out_features <= vocab_chunks.CHUNK_ELEMENTS:
+        return None
+    return body, head.weight, head_product(head) or vocab_chunks.PLAIN
 
 
 def response_token_stats(
@@ -164,10 +168,10 @@ def response_token_stats(
             logits = logits / temperature
         entropy = entropy_from_logits(logits) if with_entropy else None
         return logprobs_from_logits(logits, labels), entropy, states
-    body, weight = fused
+    body, weight, product = fused
     L = input_ids.shape[1]  # position t predicts token t + 1
     states = stack_states(model, body, input_ids, attention_mask, L - n_response - 1, L - 1, packed)
-    logprobs, entropy = head_logprobs(states, weight, labels, temperature, with_entropy)
+    logprobs, entropy = head_logprobs(states, weight, labels, temperature, with_entropy, product)
     return logprobs, entropy, states if hidden else None
 
 

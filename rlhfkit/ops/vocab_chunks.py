@@ -98,6 +98,22 @@ def chunked_entropy(logits: torch.Tensor) -> torch.Tensor:
     return _Entropy.apply(logits.reshape(-1, logits.shape[-1])).view(logits.shape[:-1])
 
 
+class Product:
+    """How the LM head's block products ``a @ b`` run on the CPU in fp32: ``mm`` into a block kept between calls
+    (``_kept``). A kernel with a per-shape cost (oneDNN's: ``rlhfkit.accel.kernels.HeadProduct``) overrides both
+    methods: ``mm`` returns a new tensor, and ``rows(m)`` is the row count it wants a block of ``m`` rows padded to
+    (zero rows: their outputs are dropped, their gradients are zero)."""
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor, slot: int) -> torch.Tensor:
+        return torch.mm(a, b, out=_kept(slot, a.shape[0], b.shape[1])) if slot >= 0 else torch.mm(a, b)
+
+    def rows(self, m: int) -> int:
+        return m
+
+
+PLAIN = Product()
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """The LM head and the log-probs (and entropy) together, a block of positions at a time: ``z = h W^T / τ``
     per block, never the whole ``[N, V]``. The backward recomputes each block's ``z`` and probabilities, and
@@ -105,42 +121,56 @@ class _HeadLogprobs(torch.autograd.Function):
 
     Each block's arithmetic runs in place on the block's logits and one block of probabilities: at a real
     vocabulary a ``[rows, V]`` block is tens of MB, which the allocator maps afresh (and the kernel zero-fills)
-    each time one is allocated, so every temporary of that size costs a pass over new memory."""
+    each time one is allocated, so every temporary of that size costs a pass over new memory. On the CPU in fp32
+    the products run through ``product`` (``Product``), the positions padded with zero rows to the block sizes it
+    wants."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool):
+    def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool, product: Product):
         n = hidden.shape[0]
-        rows = rows_per_chunk(weight.shape[0])
-        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy = torch.zeros(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
-        for s in range(0, n, rows):
-            z = _logits(hidden[s : s + rows], weight, inv_temperature)
+        if not _fp32_cpu(hidden, weight):
+            product = PLAIN
+        rows = product.rows(rows_per_chunk(weight.shape[0]))
+        total = n - n % rows + (product.rows(n % rows) if n % rows else 0)
+        hidden, labels = _pad_rows(hidden, total), _pad_rows(labels, total)
+        lse = torch.empty(total, dtype=torch.float32, device=hidden.device)
+        logprobs = torch.empty(total, dtype=torch.float32, device=hidden.device)
+        entropy = torch.zeros(total if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        for s in range(0, total, rows):
+            z = _logits(hidden[s : s + rows], weight, inv_temperature, product)
             top = z.amax(dim=-1, keepdim=True)
             label_logit = z.gather(-1, labels[s : s + rows, None]).squeeze(-1)
             z.sub_(top)  # z - max: exp cannot overflow
-            e = _exp(z) if with_entropy else z.exp_()  # the entropy needs z - max as well
-            total = e.sum(-1)
-            lse[s : s + rows] = top.squeeze(-1) + total.log()
+            e = _exp(z, rows) if with_entropy else z.exp_()  # the entropy needs z - max as well
+            sums = e.sum(-1)
+            lse[s : s + rows] = top.squeeze(-1) + sums.log()
             logprobs[s : s + rows] = label_logit - lse[s : s + rows]
             if with_entropy:  # H = lse - Σ p z = log Σe - Σ e (z - max) / Σe; entries with e = 0 add nothing
                 z.masked_fill_(e == 0, 0.0).mul_(e)
-                entropy[s : s + rows] = total.log() - z.sum(-1) / total
+                entropy[s : s + rows] = sums.log() - z.sum(-1) / sums
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
-        ctx.inv_temperature, ctx.with_entropy = inv_temperature, with_entropy
-        return logprobs, entropy
+        ctx.inv_temperature, ctx.with_entropy, ctx.product, ctx.rows, ctx.n = (
+            inv_temperature,
+            with_entropy,
+            product,
+            rows,
+            n,
+        )
+        return logprobs[:n], entropy[:n]
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, labels, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        total, rows, product = hidden.shape[0], ctx.rows, ctx.product
+        grad_logprobs = _pad_rows(grad_logprobs, total)  # the padding rows' outputs were dropped: no gradient
+        grad_entropy = None if grad_entropy is None else _pad_rows(grad_entropy, total)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = None
-        rows = rows_per_chunk(weight.shape[0])
-        for s in range(0, hidden.shape[0], rows):
+        for s in range(0, total, rows):
             h = hidden[s : s + rows]
-            logp = _logits(h, weight, ctx.inv_temperature).sub_(lse[s : s + rows, None])
-            g = _exp(logp)  # p, then d loss / dz in place
+            logp = _logits(h, weight, ctx.inv_temperature, product).sub_(lse[s : s + rows, None])
+            g = _exp(logp, rows)  # p, then d loss / dz in place
             g_lp = grad_logprobs[s : s + rows, None]
             if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H), entries with p = 0 none
                 logp.masked_fill_(g == 0, 0.0).add_(entropy[s : s + rows, None]).mul_(g)
@@ -152,7 +182,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 g.mul_(ctx.inv_temperature)  # through z = raw / τ
             g = g.to(hidden.dtype)
             if need_hidden:
-                grad_hidden[s : s + rows] = g @ weight
+                grad_hidden[s : s + rows] = product.mm(g, weight, -1) if g.dtype == torch.float32 else g @ weight
             if need_weight:  # the first block's product is the sum so far; no zero-filled [V, H] first
                 if grad_weight is None:
                     grad_weight = (g.T @ h).float()
@@ -160,38 +190,55 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_weight.addmm_(g.T, h)  # no [V, H] temporary per block
                 else:
                     grad_weight += (g.T @ h).float()
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+        grad_hidden = None if grad_hidden is None else grad_hidden[: ctx.n]
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
-    """A block's ``hidden @ weight^T / τ`` as a float32 tensor the in-place steps may write: on the CPU in fp32,
-    in a block kept between calls (``_kept``), else a new tensor."""
-    fp32 = hidden.dtype == weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-    if hidden.device.type == "cpu" and fp32:
-        z = torch.mm(hidden, weight.T, out=_kept(0, hidden.shape[0], weight.shape[0]))
+def _fp32_cpu(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        hidden.device.type == "cpu"
+        and hidden.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``rows`` rows (``x`` itself when it has them)."""
+    if x.shape[0] == rows:
+        return x
+    out = x.new_zeros(rows, *x.shape[1:])
+    out[: x.shape[0]] = x
+    return out
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float, product: Product) -> torch.Tensor:
+    """A block's ``hidden @ weight^T / τ`` as a float32 tensor the in-place steps may write: on the CPU in fp32
+    through ``product`` (by default into a block kept between calls, ``_kept``), else a new tensor."""
+    if _fp32_cpu(hidden, weight):
+        z = product.mm(hidden, weight.T, 0)
     else:
         z = hidden @ weight.T  # in the autocast dtype where autocast is on
         z = z.float() if z.dtype != torch.float32 else z
     return z.mul_(inv_temperature) if inv_temperature != 1.0 else z
 
 
-def _exp(z: torch.Tensor) -> torch.Tensor:
+def _exp(z: torch.Tensor, block_rows: int) -> torch.Tensor:
     """``exp(z)`` of a float32 block, on the CPU into the second kept block."""
     if z.device.type == "cpu":
-        return torch.exp(z, out=_kept(1, *z.shape))
+        return torch.exp(z, out=_kept(1, *z.shape, block_rows))
     return z.exp()
 
 
 _KEPT = threading.local()  # each thread its own blocks, freed with the thread
 
 
-def _kept(slot: int, rows: int, vocab: int) -> torch.Tensor:
-    """The first ``rows`` rows of the ``slot``-th ``[rows_per_chunk(vocab), vocab]`` float32 block kept on the CPU.
-    A fresh block of this size is a new mapping of the process's memory, zero-filled page by page on its first
-    touch; the passes of a training step take several, so two are kept and written over instead (2 x 64 MB,
-    until ``release_blocks``)."""
+def _kept(slot: int, rows: int, vocab: int, block_rows: int | None = None) -> torch.Tensor:
+    """The first ``rows`` rows of the ``slot``-th ``[block_rows, vocab]`` float32 block kept on the CPU (by default
+    ``rows_per_chunk(vocab)`` rows). A fresh block of this size is a new mapping of the process's memory,
+    zero-filled page by page on its first touch; the passes of a training step take several, so two are kept and
+    written over instead (2 x 64 MB, until ``release_blocks``)."""
     blocks = _KEPT.__dict__.setdefault("blocks", {})
-    shape = (rows_per_chunk(vocab), vocab)
+    shape = (max(block_rows or 0, rows_per_chunk(vocab)), vocab)
     if slot not in blocks or blocks[slot].shape != shape:  # one block per slot: the last head's size
         blocks[slot] = torch.empty(shape, dtype=torch.float32)
     return blocks[slot][:rows]
@@ -208,6 +255,7 @@ def head_logprobs(
     labels: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    product: Product = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` (and the entropy) under ``softmax(hidden @ weight^T / temperature)`` without building
     the logits: ``hidden [..., H]``, ``weight [V, H]`` (a bias-free LM head), ``labels [...]`` -> float32 ``[...]``
@@ -215,6 +263,6 @@ def head_logprobs(
     ``entropy_from_logits`` on the logits."""
     lead = labels.shape
     logprobs, entropy = _HeadLogprobs.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), 1.0 / temperature, with_entropy
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), 1.0 / temperature, with_entropy, product
     )
     return logprobs.view(lead), entropy.view(lead) if with_entropy else None

@@ -153,3 +153,44 @@ def test_verdicts_are_kept_per_cpu_instruction_set(monkeypatch, tmp_path):
     avx2 = kernels.decisions_file()
     monkeypatch.setattr(kernels, "_cpu_isa", lambda: "AVX512+avx512f")
     assert kernels.decisions_file() != avx2 and kernels.decisions_file().parent == avx2.parent == tmp_path
+
+
+@needs_onednn
+def test_a_swapped_lm_head_takes_its_block_products_through_onednn(count_onednn_calls, monkeypatch):
+    """At a vocabulary above one block the LM head's log-probs run block by block; a head swapped to oneDNN
+    runs those blocks' products through it (HeadProduct), padded to its row sizes, with the plain values."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhfkit.models import forward
+    from rlhfkit.ops import vocab_chunks
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    head = model.get_output_embeddings()
+    assert forward.fused_head(model, 10**9)[2] is vocab_chunks.PLAIN  # not swapped: the default products
+    fast_linears(model)
+    assert isinstance(head, OneDNNLinear) and isinstance(kernels.head_product(head), kernels.HeadProduct)
+    assert kernels.head_product(nn.Linear(4, 8, bias=False)) is None
+    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 5 * head.out_features)  # 5 positions a block
+    used = []
+    original = kernels.HeadProduct.mm
+    monkeypatch.setattr(
+        kernels.HeadProduct, "mm", lambda self, a, b, slot: used.append(a.shape[0]) or original(self, a, b, slot)
+    )
+    ids = torch.randint(head.out_features, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    lp, _, _ = forward.response_token_stats(model, ids, mask, 6)
+    assert used and set(used) == {padded_rows(5)}  # 18 positions in blocks of 5, each padded to 8
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=forward.position_ids(mask)).logits
+    want = torch.log_softmax(logits[:, -7:-1].float(), -1).gather(-1, ids[:, -6:, None]).squeeze(-1)
+    torch.testing.assert_close(lp, want, rtol=0, atol=1e-5)

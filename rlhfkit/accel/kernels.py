@@ -303,6 +303,19 @@ def _conv1d_swap() -> tuple[type, type] | None:
     return Conv1D, OneDNNConv1D
 
 
+def onednn_layers(model: nn.Module) -> bool:
+    """Whether ``model`` has linear layers swapped to oneDNN (``fast_linears``) and runs them that way now: fp32
+    weights on the CPU, autocast off."""
+    swapped = tuple(c for c in (OneDNNLinear, (_conv1d_swap() or (None, None))[1]) if c is not None)
+    for module in model.modules():
+        if isinstance(module, swapped):
+            weight = module.weight
+            return (
+                weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+            )
+    return False
+
+
 def _features(module: nn.Module) -> tuple[int, int]:
     """(in, out) features of an ``nn.Linear`` or a GPT-2 ``Conv1D`` (weight ``[in, out]``)."""
     if isinstance(module, nn.Linear):

@@ -116,7 +116,8 @@ PLAIN = Product()
 
 class _HeadLogprobs(torch.autograd.Function):
     """The LM head and the log-probs (and entropy) together, a block of positions at a time: ``z = h W^T / τ``
-    per block, never the whole ``[N, V]``. The backward recomputes each block's ``z`` and probabilities, and
+    per block, never the whole ``[N, V]``. Unlike logits given from outside (top-k filtering writes −inf), a
+    product of finite states and weights is finite, so no entry needs masking. The backward recomputes each block's ``z`` and probabilities, and
     adds its part of ``dL/dh = g W / τ`` and ``dL/dW = g^T h / τ`` (``g = dL/dz``, as in the two functions above).
 
     Each block's arithmetic runs in place on the block's logits and one block of probabilities: at a real
@@ -145,8 +146,8 @@ class _HeadLogprobs(torch.autograd.Function):
             sums = e.sum(-1)
             lse[s : s + rows] = top.squeeze(-1) + sums.log()
             logprobs[s : s + rows] = label_logit - lse[s : s + rows]
-            if with_entropy:  # H = lse - Σ p z = log Σe - Σ e (z - max) / Σe; entries with e = 0 add nothing
-                z.masked_fill_(e == 0, 0.0).mul_(e)
+            if with_entropy:  # H = lse - Σ p z = log Σe - Σ e (z - max) / Σe (z is finite: e = 0 adds 0)
+                z.mul_(e)
                 entropy[s : s + rows] = sums.log() - z.sum(-1) / sums
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
         ctx.inv_temperature, ctx.with_entropy, ctx.product, ctx.rows, ctx.n = (
@@ -172,8 +173,8 @@ class _HeadLogprobs(torch.autograd.Function):
             logp = _logits(h, weight, ctx.inv_temperature, product).sub_(lse[s : s + rows, None])
             g = _exp(logp, rows)  # p, then d loss / dz in place
             g_lp = grad_logprobs[s : s + rows, None]
-            if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H), entries with p = 0 none
-                logp.masked_fill_(g == 0, 0.0).add_(entropy[s : s + rows, None]).mul_(g)
+            if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H); log p is finite here
+                logp.add_(entropy[s : s + rows, None]).mul_(g)
                 logp.mul_(grad_entropy[s : s + rows, None])
                 g.mul_(-g_lp).scatter_add_(-1, labels[s : s + rows, None], g_lp).sub_(logp)
             else:

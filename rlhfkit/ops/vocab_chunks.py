@@ -116,9 +116,10 @@ PLAIN = Product()
 
 class _HeadLogprobs(torch.autograd.Function):
     """The LM head and the log-probs (and entropy) together, a block of positions at a time: ``z = h W^T / τ``
-    per block, never the whole ``[N, V]``. Unlike logits given from outside (top-k filtering writes −inf), a
-    product of finite states and weights is finite, so no entry needs masking. The backward recomputes each block's ``z`` and probabilities, and
+    per block, never the whole ``[N, V]``. The backward recomputes each block's ``z`` and probabilities, and
     adds its part of ``dL/dh = g W / τ`` and ``dL/dW = g^T h / τ`` (``g = dL/dz``, as in the two functions above).
+    Unlike logits given from outside (top-k filtering writes −inf), a product of finite states and weights is
+    finite, so no entry needs masking.
 
     Each block's arithmetic runs in place on the block's logits and one block of probabilities: at a real
     vocabulary a ``[rows, V]`` block is tens of MB, which the allocator maps afresh (and the kernel zero-fills)

@@ -20,7 +20,9 @@ LoRA layers apply) in the order its forward does, with:
 - (Llama / Qwen2) a projection carrying LoRA adapters computed as its base layer plus ``(x A^T)(s B)^T``, the
   scaling ``s`` folded into ``B`` once per sampling call (``lean_projection``): the same math as PEFT's layer,
   without its per-call checks, casts and the separate scaling product, which at one token per row cost about as
-  much as the adapters' own matmuls.
+  much as the adapters' own matmuls. In fp32 on the CPU the adapters are folded into a copy of the base weight
+  instead, ``W + s B A``, once per sampling call: each step then runs one product per projection, as the model
+  without adapters does (the copies, the size of the adapted layers' weights, live for the sampling call).
 
 The logits equal those of the model's forward up to float rounding (the tests compare them per
 architecture). The prompt itself is still run by the model's own forward. Models this step does not cover
@@ -208,12 +210,44 @@ def lean_projection(module):
         return module
     base = module.base_layer
     pairs = tuple((module.lora_A[a].weight, module.lora_B[a].weight * module.scaling[a]) for a in active)
+    if _merge_here(base, pairs):
+        return _merged_projection(base, pairs)
 
     def projection(x: torch.Tensor) -> torch.Tensor:
         out = base(x)
         for a, scaled_b in pairs:
             out = out + F.linear(F.linear(x.to(a.dtype), a), scaled_b).to(out.dtype)
         return out
+
+    return projection
+
+
+def _merge_here(base, pairs) -> bool:
+    """Whether to run a LoRA projection as one merged weight: a plain ``nn.Linear`` base layer and adapters in fp32
+    on the CPU, where each step's two adapter products and their sum cost more in dispatch than the merge does
+    once per sampling call."""
+    tensors = [base.weight, *(t for pair in pairs for t in pair)]
+    return isinstance(base, torch.nn.Linear) and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors
+    )
+
+
+def _merged_projection(base, pairs):
+    """``x -> x (W + Σ s B A)^T + bias``: the adapters folded into a copy of the base weight (the model's own
+    weights untouched), run through the base layer's kernel (oneDNN where the layer was swapped to it). Equal to
+    the base output plus the adapters' products up to float rounding."""
+    from rlhfkit.accel.kernels import OneDNNLinear, linear_matmul
+
+    with torch.no_grad():
+        weight = base.weight.detach().clone()
+        for a, scaled_b in pairs:
+            weight.addmm_(scaled_b.detach(), a.detach())
+    bias = None if base.bias is None else base.bias.detach()
+    onednn = isinstance(base, OneDNNLinear)
+
+    def projection(x: torch.Tensor) -> torch.Tensor:
+        y = linear_matmul(x, weight.t(), bias) if onednn else None
+        return F.linear(x, weight, bias) if y is None else y
 
     return projection
 

@@ -169,6 +169,31 @@ def test_lean_lora_projections_sample_what_peft_layers_sample(arch, tok, monkeyp
     assert not torch.allclose(base[1][1], fast[1][1])
 
 
+def test_lean_lora_projection_merges_its_adapters_into_a_copy_on_the_cpu(tok, monkeypatch):
+    """fp32 on the CPU, an adapted projection runs as one weight, W + s B A, built once per sampling call: the
+    same outputs, the model's own weights untouched; in other dtypes the adapters' products run at each step."""
+    policy = with_random_adapters(random_model("llama", tok))
+    merged = []
+    original = lean._merged_projection
+    monkeypatch.setattr(lean, "_merged_projection", lambda *a: merged.append(a) or original(*a))
+    module = lean.base_model(policy).model.layers[0].mlp.up_proj
+    before = module.base_layer.weight.detach().clone()
+    with torch.no_grad():
+        x = torch.randn(3, 1, module.in_features)
+        torch.testing.assert_close(lean.lean_projection(module)(x), module(x), rtol=0, atol=1e-5)
+        assert len(merged) == 1 and torch.equal(module.base_layer.weight, before)
+        module.to(torch.bfloat16)
+        projection = lean.lean_projection(module)
+        assert len(merged) == 1 and projection is not module
+        torch.testing.assert_close(projection(x.bfloat16()), module(x.bfloat16()), rtol=0, atol=0.1)
+    prompts = grpo_batch(tok, group=3)
+    policy = with_random_adapters(random_model("qwen2", tok))
+    args = GenerationArgs(max_new_tokens=12)
+    fast = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
+    assert len(merged) > 1  # the sampler's decode steps ran merged projections
+    assert_same_sampling(fast, sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False), 1e-5)
+
+
 def test_lean_loop_stops_once_every_row_has_stopped(gpt2, tok, monkeypatch):
     eos = tok.eos_token_id
     likely_eos = gpt2.get_output_embeddings().register_forward_hook(

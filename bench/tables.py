@@ -413,6 +413,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "a5c47b76297d --steps 4 --repeats 3 --rows grpo-lora,ppo-lora",
     "42a192ce0f32 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "f3740259acbe --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "fb6135d73c66 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
 ]
 REAL_LABELS = {
     "sft": "sft",

@@ -255,6 +255,33 @@ def linear_matmul(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
     return _OneDNNMatmul.apply(x.reshape(m, k), b, bias).view(*x.shape[:-1], n)
 
 
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
+    """``x -> x W^T + bias`` for inputs of about ``rows`` rows, with ``W`` reordered once into oneDNN's own layout
+    for that row count (a copy the size of ``W``): at a decode step's few rows the plain-layout product spends
+    about as long reading and rearranging the weight as multiplying, and a layer's weight is read once per step
+    (SmolLM2's projections at 16 rows: 1.4-1.9x faster a call). None where it does not apply: not fp32 on the
+    CPU, oneDNN not ready, or no reorder in this torch build. Take it where the weight stays fixed over many
+    calls (one sampling call) and read the layer again after it changes."""
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype != torch.float32
+        or (bias is not None and bias.dtype != torch.float32)
+        or torch.is_autocast_enabled("cpu")
+        or not onednn_ready()
+    ):
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+    bias = None if bias is None else bias.detach()
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    return linear
+
+
 class HeadProduct(Product):
     """The LM head's block products for ``rlhfkit.ops.vocab_chunks.head_logprobs`` through oneDNN: ``[rows, H] @
     [H, V]`` for the logits and ``[rows, V] @ [V, H]`` for the gradient of the hidden states. At a real vocabulary

@@ -140,7 +140,9 @@ def test_lean_step_applies_lora_adapters(tiny_model_dir, tok, monkeypatch):
     prompts = grpo_batch(tok)
     args = GenerationArgs(max_new_tokens=12)
     fast = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
-    assert_same_sampling(fast, sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False))
+    # compared at 1e-5 as the Llama / Qwen2 adapters below: the two paths sum in different orders (1.3e-6 seen)
+    plain = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False)
+    assert_same_sampling(fast, plain, 1e-5)
     with policy.disable_adapter():
         base = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
     assert not torch.allclose(base[1][1], fast[1][1])  # the adapters changed the decode steps' logits
@@ -192,6 +194,50 @@ def test_lean_lora_projection_merges_its_adapters_into_a_copy_on_the_cpu(tok, mo
     fast = sample_with_logits(policy, tok, prompts, args, 0, monkeypatch)
     assert len(merged) > 1  # the sampler's decode steps ran merged projections
     assert_same_sampling(fast, sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False), 1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_step_runs_weights_reordered_for_its_rows(arch, tok, monkeypatch):
+    """fp32 on the CPU, the Llama / Qwen2 step runs every projection and the LM head through weights reordered
+    once per sampling call for its row count (kernels.packed_linear), and samples what the model's forward does."""
+    from rlhfkit.accel import kernels
+
+    if not kernels.onednn_ready():
+        pytest.skip("oneDNN's linear is not usable in this torch build")
+    model = random_model(arch, tok)
+    packed = []
+    original = kernels.packed_linear
+    monkeypatch.setattr(
+        kernels, "packed_linear", lambda w, b, rows: packed.append((w.shape, rows)) or original(w, b, rows)
+    )
+    prompts = grpo_batch(tok, group=3)
+    args = GenerationArgs(max_new_tokens=12)
+    layers = lean.base_model(model).config.num_hidden_layers
+    torch.manual_seed(0)
+    sample_responses(model, tok, prompts, args, len(prompts), "cpu")
+    assert len(packed) == 7 * layers + 1 and {rows for _, rows in packed} == {len(prompts)}  # 7 per layer, the head
+    packed.clear()
+    fast = sample_with_logits(model, tok, prompts, args, 0, monkeypatch)  # a hook on the head: it runs as a module
+    assert len(packed) == 7 * layers
+    assert_same_sampling(fast, sample_with_logits(model, tok, prompts, args, 0, monkeypatch, lean_step=False), 1e-5)
+
+
+def test_packed_linear_equals_the_layer_and_applies_to_fp32_cpu_weights_only():
+    from rlhfkit.accel import kernels
+
+    if not kernels.onednn_ready():
+        pytest.skip("oneDNN's linear is not usable in this torch build")
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40)
+    for bias in (layer.bias, None):
+        linear = kernels.packed_linear(layer.weight, bias, 16)
+        for rows in (16, 5):  # the row count it was reordered for, and another
+            x = torch.randn(rows, 1, 24)
+            want = torch.nn.functional.linear(x, layer.weight, bias)
+            torch.testing.assert_close(linear(x), want, rtol=0, atol=1e-5)
+    assert kernels.packed_linear(layer.weight.bfloat16(), None, 16) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels.packed_linear(layer.weight, None, 16) is None
 
 
 def test_lean_loop_stops_once_every_row_has_stopped(gpt2, tok, monkeypatch):

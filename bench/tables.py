@@ -414,6 +414,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "42a192ce0f32 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "f3740259acbe --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "fb6135d73c66 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "a81cf2c2955d --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
 ]
 REAL_LABELS = {
     "sft": "sft",

@@ -229,7 +229,12 @@ class _OneDNNMatmul(torch.autograd.Function):
         x, b = ctx.saved_tensors
         gp = _pad_rows(grad.contiguous(), ctx.rows)
         dx = _mm(gp, b.t())[: x.shape[0]] if ctx.needs_input_grad[0] else None
-        db = _mm(_pad_rows(x, ctx.rows).t(), gp) if ctx.needs_input_grad[1] else None
+        db = None
+        if ctx.needs_input_grad[1]:
+            xp = _pad_rows(x, ctx.rows)
+            # b a transposed view (an nn.Linear's W^T): its gradient is made in W's layout, [N, K], and handed back
+            # transposed, so the parameter's gradient needs no transposing copy; else in b's own layout
+            db = _mm(gp.t(), xp).t() if b.stride(0) == 1 and b.stride(1) != 1 else _mm(xp.t(), gp)
         dbias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, db, dbias
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from rlhfkit.cache import cache_root
-from rlhfkit.ops.vocab_chunks import Product
+from rlhfkit.ops.vocab_chunks import Product, fp32_cpu, pad_rows
 
 
 class TanhGELU(nn.Module):
@@ -203,14 +203,6 @@ def _mm(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> t
     return torch.ops.mkldnn._linear_pointwise(x, b.t(), bias, "none", [], "")
 
 
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    if x.shape[0] == rows:
-        return x
-    out = x.new_zeros(rows, x.shape[1])
-    out[: x.shape[0]] = x
-    return out
-
-
 class _OneDNNMatmul(torch.autograd.Function):
     """``y = x @ b + bias`` on 2-D ``x [M, K]``, ``b [K, N]``, rows padded to ``padded_rows(M)``; its backward
     uses the same kernels (dx = g @ bᵀ, db = xᵀ @ g: the zero rows add nothing). The unpadded ``x`` is what
@@ -222,16 +214,16 @@ class _OneDNNMatmul(torch.autograd.Function):
         m, rows = x.shape[0], padded_rows(x.shape[0])
         ctx.save_for_backward(x, b)
         ctx.rows, ctx.has_bias = rows, bias is not None
-        return _mm(_pad_rows(x, rows), b, bias)[:m]
+        return _mm(pad_rows(x, rows), b, bias)[:m]
 
     @staticmethod
     def backward(ctx, grad):
         x, b = ctx.saved_tensors
-        gp = _pad_rows(grad.contiguous(), ctx.rows)
+        gp = pad_rows(grad.contiguous(), ctx.rows)
         dx = _mm(gp, b.t())[: x.shape[0]] if ctx.needs_input_grad[0] else None
         db = None
         if ctx.needs_input_grad[1]:
-            xp = _pad_rows(x, ctx.rows)
+            xp = pad_rows(x, ctx.rows)
             # b a transposed view (an nn.Linear's W^T): its gradient is made in W's layout, [N, K], and handed back
             # transposed, so the parameter's gradient needs no transposing copy; else in b's own layout
             db = _mm(gp.t(), xp).t() if b.stride(0) == 1 and b.stride(1) != 1 else _mm(xp.t(), gp)
@@ -244,14 +236,7 @@ def linear_matmul(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
     fp32, no autocast, a product of at least ONEDNN_MIN_MACS, not inside a ``torch.compile`` trace: Inductor
     lowers oneDNN's linear only for frozen weights, and picks its own kernels), else None (the caller's default
     path)."""
-    if (
-        torch.compiler.is_compiling()
-        or x.device.type != "cpu"
-        or x.dtype != torch.float32
-        or b.dtype != torch.float32
-        or (bias is not None and bias.dtype != torch.float32)
-        or torch.is_autocast_enabled("cpu")
-    ):
+    if torch.compiler.is_compiling() or not fp32_cpu(x, b, bias):
         return None
     k, n = b.shape
     m = x.numel() // k if k else 0
@@ -267,13 +252,7 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
     (SmolLM2's projections at 16 rows: 1.4-1.9x faster a call). None where it does not apply: not fp32 on the
     CPU, oneDNN not ready, or no reorder in this torch build. Take it where the weight stays fixed over many
     calls (one sampling call) and read the layer again after it changes."""
-    if (
-        weight.device.type != "cpu"
-        or weight.dtype != torch.float32
-        or (bias is not None and bias.dtype != torch.float32)
-        or torch.is_autocast_enabled("cpu")
-        or not onednn_ready()
-    ):
+    if not fp32_cpu(weight, bias) or not onednn_ready():
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
@@ -341,10 +320,7 @@ def onednn_layers(model: nn.Module) -> bool:
     swapped = tuple(c for c in (OneDNNLinear, (_conv1d_swap() or (None, None))[1]) if c is not None)
     for module in model.modules():
         if isinstance(module, swapped):
-            weight = module.weight
-            return (
-                weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-            )
+            return fp32_cpu(module.weight)
     return False
 
 

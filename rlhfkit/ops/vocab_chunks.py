@@ -130,11 +130,11 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool, product: Product):
         n = hidden.shape[0]
-        if not _fp32_cpu(hidden, weight):
+        if not fp32_cpu(hidden, weight):
             product = PLAIN
         rows = product.rows(rows_per_chunk(weight.shape[0]))
         total = n - n % rows + (product.rows(n % rows) if n % rows else 0)
-        hidden, labels = _pad_rows(hidden, total), _pad_rows(labels, total)
+        hidden, labels = pad_rows(hidden, total), pad_rows(labels, total)
         lse = torch.empty(total, dtype=torch.float32, device=hidden.device)
         logprobs = torch.empty(total, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(total if with_entropy else 0, dtype=torch.float32, device=hidden.device)
@@ -165,8 +165,8 @@ class _HeadLogprobs(torch.autograd.Function):
         hidden, weight, labels, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         total, rows, product = hidden.shape[0], ctx.rows, ctx.product
-        grad_logprobs = _pad_rows(grad_logprobs, total)  # the padding rows' outputs were dropped: no gradient
-        grad_entropy = None if grad_entropy is None else _pad_rows(grad_entropy, total)
+        grad_logprobs = pad_rows(grad_logprobs, total)  # the padding rows' outputs were dropped: no gradient
+        grad_entropy = None if grad_entropy is None else pad_rows(grad_entropy, total)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = None
         for s in range(0, total, rows):
@@ -183,8 +183,8 @@ class _HeadLogprobs(torch.autograd.Function):
             if ctx.inv_temperature != 1.0:
                 g.mul_(ctx.inv_temperature)  # through z = raw / τ
             g = g.to(hidden.dtype)
-            if need_hidden:
-                grad_hidden[s : s + rows] = product.mm(g, weight, -1) if g.dtype == torch.float32 else g @ weight
+            if need_hidden:  # (a product other than PLAIN only runs in fp32: see forward)
+                grad_hidden[s : s + rows] = product.mm(g, weight, -1)
             if need_weight:  # the first block's product is the sum so far; no zero-filled [V, H] first
                 if grad_weight is None:
                     grad_weight = (g.T @ h).float()
@@ -196,15 +196,15 @@ class _HeadLogprobs(torch.autograd.Function):
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
 
-def _fp32_cpu(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (
-        hidden.device.type == "cpu"
-        and hidden.dtype == weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
+def fp32_cpu(*tensors: torch.Tensor | None) -> bool:
+    """Whether the given tensors (None skipped) are float32 on the CPU, with the CPU's autocast off: where the
+    CPU-specific fp32 kernels here and in ``rlhfkit.accel.kernels`` apply."""
+    return not torch.is_autocast_enabled("cpu") and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors if t is not None
     )
 
 
-def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     """``x`` with zero rows appended up to ``rows`` rows (``x`` itself when it has them)."""
     if x.shape[0] == rows:
         return x
@@ -216,7 +216,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float, product: Product) -> torch.Tensor:
     """A block's ``hidden @ weight^T / τ`` as a float32 tensor the in-place steps may write: on the CPU in fp32
     through ``product`` (by default into a block kept between calls, ``_kept``), else a new tensor."""
-    if _fp32_cpu(hidden, weight):
+    if fp32_cpu(hidden, weight):
         z = product.mm(hidden, weight.T, 0)
     else:
         z = hidden @ weight.T  # in the autocast dtype where autocast is on

@@ -159,22 +159,15 @@ def test_verdicts_are_kept_per_cpu_instruction_set(monkeypatch, tmp_path):
 def test_a_swapped_lm_head_takes_its_block_products_through_onednn(count_onednn_calls, monkeypatch):
     """At a vocabulary above one block the LM head's log-probs run block by block; a head swapped to oneDNN
     runs those blocks' products through it (HeadProduct), padded to its row sizes, with the plain values."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from rlhfkit.models import forward
     from rlhfkit.ops import vocab_chunks
 
+    from ..models.test_architectures import make_config
+
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = AutoModelForCausalLM.from_config(make_config("llama", 64, 1)).eval()
     head = model.get_output_embeddings()
     assert forward.fused_head(model, 10**9)[2] is vocab_chunks.PLAIN  # not swapped: the default products
     fast_linears(model)

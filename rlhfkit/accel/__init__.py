@@ -1,10 +1,12 @@
-"""Performance code, kept apart from the algorithms and applied in one visible place.
+"""Performance code, kept apart from the algorithms and applied in two visible places.
 
 - ``prepare_model(model)``, called by every model loader: swaps in kernels that compute the same function
-  faster (``kernels.py``): a fused tanh-GELU, and fp32 CPU linear layers through oneDNN where a self-check
-  shows oneDNN equal to the default path on this CPU and faster at that layer's shape (timed once per
-  machine, the verdicts kept under ``~/.cache/rlhfkit``). ``RLHFKIT_ACCEL=0`` in the environment turns
-  every swap off.
+  faster (``kernels.py``): a fused tanh-GELU, a fused fp32 RMSNorm, and fp32 CPU linear layers through oneDNN
+  where a self-check shows oneDNN equal to the default path on this CPU and faster at that layer's shape (timed
+  once per machine, the verdicts kept under ``~/.cache/rlhfkit``).
+- ``kernels.row_grad_embedding(model)``, called where a trainer builds its optimizer: a tied input embedding
+  adds its rows' gradient into the weight's ``.grad`` in place instead of building a dense one.
+- ``RLHFKIT_ACCEL=0`` in the environment turns every swap off.
 - Sequence packing (``packing.py``): teacher-forced passes on packed rows instead of padded ones, chosen
   per batch by a cost model; on by default, ``--pack-sequences false`` turns it off.
 
@@ -36,8 +38,12 @@ def forward_intercepted(*modules: nn.Module) -> bool:
 
 def prepare_model(model: nn.Module) -> dict[str, int]:
     """Apply the kernel swaps to a freshly loaded model; returns how many modules each swap changed."""
-    from rlhfkit.accel.kernels import fast_linears, fuse_activations, onednn_ready
+    from rlhfkit.accel import kernels
 
     if not enabled():
-        return {"fused_gelu": 0, "onednn_linear": 0}
-    return {"fused_gelu": fuse_activations(model), "onednn_linear": fast_linears(model) if onednn_ready() else 0}
+        return {"fused_gelu": 0, "fused_rms_norm": 0, "onednn_linear": 0}
+    return {
+        "fused_gelu": kernels.fuse_activations(model),
+        "fused_rms_norm": kernels.fuse_rms_norms(model),
+        "onednn_linear": kernels.fast_linears(model) if kernels.onednn_ready() else 0,
+    }

@@ -82,7 +82,7 @@ def test_switch_off_by_environment(monkeypatch, tiny_model_dir):
 
     monkeypatch.setenv("RLHFKIT_ACCEL", "0")
     assert not enabled()
-    assert prepare_model(nn.Sequential(nn.Linear(4, 4))) == {"fused_gelu": 0, "onednn_linear": 0}
+    assert not any(prepare_model(nn.Sequential(nn.Linear(4, 4))).values())
     model = load_causal_lm(str(tiny_model_dir))
     assert any(type(m) is Conv1D for m in model.modules()), (
         "the switch leaves loaded models as transformers builds them"

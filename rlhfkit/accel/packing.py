@@ -19,7 +19,8 @@ attends to that copy.
 In a causal LM's packed pass the LM head (a hidden x vocab matmul per position) runs on the positions whose
 logits are used only (``PackedBatch.causal_lm_outputs``), not on prompts or free positions.
 
-The price is attention over longer rows (``rows x width^2``), so ``pack_batch`` picks the packing with the
+The price is attention over longer rows (``rows x width^2`` under the mask; ``PackedBatch.run`` runs it by
+segments where that is cheaper, ``rlhfkit.accel.segments``), so ``pack_batch`` picks the packing with the
 lowest estimated cost (``plan_rows`` for a set of sequences alone) and packs only when that saves at least
 ``MIN_SAVING``. Packing needs the model to take a ready-made 4-D mask and position ids: the architectures in
 ``PACKABLE_MODEL_TYPES`` (each checked against the padded forward in the tests) with ``sdpa`` or ``eager``
@@ -28,11 +29,12 @@ attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 
 import torch
 
-from rlhfkit.accel import forward_intercepted
+from rlhfkit.accel import enabled, forward_intercepted, segments
 from rlhfkit.accel.kernels import onednn_layers, padded_rows
 from rlhfkit.models.unwrap import base_model, without_ddp
 
@@ -195,6 +197,7 @@ class PackedBatch:
     position_ids: torch.Tensor  # [R, C] 0, 1, ... within each sequence
     allowed: torch.Tensor  # [R, 1, C, C] block-diagonal causal mask, True = may attend
     index: torch.Tensor  # [B, L] flat position in R*C of each padded position (0 on padding)
+    _segments: list = field(default_factory=list, repr=False)  # [the attention's segment plan or None], once made
 
     def mask_for(self, model) -> torch.Tensor:
         """The 4-D attention mask in the form ``model``'s attention takes: bool (sdpa) or additive (eager)."""
@@ -208,17 +211,39 @@ class PackedBatch:
         """Keyword arguments that run ``model`` (a causal LM, a backbone, a classifier) on the packed rows."""
         return {"input_ids": self.input_ids, "attention_mask": self.mask_for(model), "position_ids": self.position_ids}
 
+    def run(self, module, model=None, **kwargs):
+        """``module(**self.model_inputs(model), **kwargs)``: ``module`` (a model or its transformer stack) on the
+        packed rows, ``model`` (default ``module``) the one whose config the inputs follow. Its sdpa attention
+        runs by segments (``rlhfkit.accel.segments``) where that is cheaper."""
+        model = module if model is None else model
+        with self._attention(model):
+            return module(**self.model_inputs(model), **kwargs)
+
+    def _attention(self, model):
+        if (
+            not enabled()
+            or _config(model)._attn_implementation != "sdpa"
+            or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
+        ):
+            return contextlib.nullcontext()
+        if not self._segments:
+            used = torch.zeros(self.input_ids.numel(), dtype=torch.bool, device=self.index.device)
+            used[self.index.reshape(-1)] = True  # flat position 0 (padding's index) always holds a token
+            self._segments.append(segments.plan(self.allowed, used.view(self.input_ids.shape)))
+        plan = self._segments[0]
+        return contextlib.nullcontext() if plan is None else segments.routed(self.allowed, plan)
+
     def causal_lm_outputs(self, model, start: int, stop: int, hidden: bool = False):
         """Run causal LM ``model`` on the packed rows; its logits ``[B, stop-start, V]`` at the padded layout's
         columns ``start:stop`` (and the last hidden states there, or None). The LM head runs on those
         positions only where the model allows it (``split_head``), not on every packed position."""
         parts = split_head(model)
         if parts is None:
-            out = model(**self.model_inputs(model), output_hidden_states=hidden)
+            out = self.run(model, output_hidden_states=hidden)
             states = self.gather(out.hidden_states[-1], start, stop) if hidden else None
             return self.gather(out.logits, start, stop), states
         body, head = parts
-        states = self.gather(body(**self.model_inputs(model)).last_hidden_state, start, stop)
+        states = self.gather(self.run(body, model).last_hidden_state, start, stop)
         return head(states), states if hidden else None
 
     def gather(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ def next_token_logits(
     packed = pack_batch(model, input_ids, attention_mask) if pack_sequences and can_pack(model) else None
     if packed is None:
         return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    out = model(**packed.model_inputs(model))
+    out = packed.run(model)
     return packed.gather(out.logits, 0, input_ids.shape[1] - 1)
 
 
@@ -124,7 +124,7 @@ def stack_states(model, body, input_ids, attention_mask, start: int, stop: int, 
     rows, run on ``packed`` rows when given. Positions count real tokens (``position_ids``), as generation does;
     for right-padded rows that is the default numbering on every real token."""
     if packed is not None:
-        return packed.gather(body(**packed.model_inputs(model)).last_hidden_state, start, stop)
+        return packed.gather(packed.run(body, model).last_hidden_state, start, stop)
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
     return out.last_hidden_state[:, start:stop]
 

@@ -83,7 +83,7 @@ def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) ->
         if packed is None:
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         else:
-            model(**packed.model_inputs(inner))
+            packed.run(model, inner)
     finally:
         handle.remove()
     per_position = captured[-1][..., 0]  # [B, L] (or [R, C] packed): the head applied at every position

@@ -49,7 +49,7 @@ class SeparateValueModel(nn.Module):
     def forward(self, input_ids, attention_mask, n_response: int, packed: PackedBatch | None = None) -> torch.Tensor:
         if packed is not None:
             L = input_ids.shape[1]
-            out = self.backbone(**packed.model_inputs(self.backbone))
+            out = packed.run(self.backbone)
             return self.score(packed.gather(out.last_hidden_state, L - n_response - 1, L - 1)).squeeze(-1)
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)

@@ -182,6 +182,64 @@ def row_grad_embedding(model: nn.Module) -> int:
     return changed
 
 
+# ---- LoRA layers: the adapters' product added in place ----------------------------------------------------------
+# PEFT's LoRA linear computes ``base(x) + lora_B(lora_A(x)) * scaling``: besides the two small products, three
+# full-size [rows, out] tensors per call (B's output, its scaled copy, the sum), each a pass over memory and
+# each scaled or summed again in the backward. For one plain adapter (no dropout, no variant such as DoRA) the
+# same sum is one ``addmm_`` onto the base layer's output: ``y += s * (x A^T) B^T``. The base layer's backward
+# does not read its output, so adding in place leaves every gradient as it was (autograd's version check would
+# stop a base layer that did).
+def _lora_forward(cls: type) -> type:
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        active = self.active_adapters
+        name = active[0] if len(active) == 1 else None
+        if (
+            args
+            or kwargs
+            or name not in self.lora_A
+            or self.disable_adapters
+            or self.merged
+            or name in getattr(self, "lora_variant", {})
+            or not isinstance(self.lora_dropout[name], nn.Identity)
+            or not fp32_cpu(x, self.lora_A[name].weight, self.lora_B[name].weight)
+        ):
+            return cls.forward(self, x, *args, **kwargs)
+        y = self.base_layer(x)
+        a, b, scale = self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name]
+        down = F.linear(x, a).reshape(-1, a.shape[0])
+        if y._base is not None or not y.is_contiguous():  # a view (the base layer's padded rows): not in place
+            return torch.addmm(y.reshape(-1, b.shape[0]), down, b.t(), alpha=scale).view(y.shape)
+        y.view(-1, b.shape[0]).addmm_(down, b.t(), alpha=scale)
+        return y
+
+    return type(f"Fused{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
+
+
+@functools.cache
+def _lora_swap() -> tuple[type, type] | None:
+    try:
+        from peft.tuners.lora.layer import Linear
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return None
+    return Linear, _lora_forward(Linear)
+
+
+def fuse_lora_linears(model: nn.Module) -> int:
+    """Give the PEFT LoRA linear layers of ``model`` the in-place adapter sum (fp32 on the CPU, one plain adapter;
+    otherwise PEFT's own forward); returns how many. Called by ``rlhfkit.models.lora.apply_lora``."""
+    from rlhfkit.accel import enabled
+
+    swap = _lora_swap()
+    if swap is None or not enabled():
+        return 0
+    changed = 0
+    for module in model.modules():
+        if type(module) is swap[0]:
+            module.__class__ = swap[1]
+            changed += 1
+    return changed
+
+
 # ---- fp32 linear layers on CPU through oneDNN ----------------------------------------------------------------
 # PyTorch's CPU matmuls in fp32 go to MKL's sgemm. On some CPUs and shapes (AMD's, and narrow inputs such as a
 # small model's vocabulary projection) oneDNN's fp32 kernels run the same products up to about twice as fast,

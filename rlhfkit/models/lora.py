@@ -20,6 +20,8 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
     """Wrap ``model`` with LoRA adapters of rank ``lora.lora_r``; only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model
 
+    from rlhfkit.accel.kernels import fuse_lora_linears
+
     targets = lora.lora_target_modules
     target_modules = "all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
     config = LoraConfig(
@@ -32,9 +34,11 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GPT-2's Conv1D fan_in_fan_out notice
         try:
-            return get_peft_model(model, config)
+            wrapped = get_peft_model(model, config)
         except ValueError as exc:  # e.g. no module matches --lora-target-modules
             raise UserError(f"{option('lora_target_modules', targets)}: {str(exc).splitlines()[0]}") from None
+    fuse_lora_linears(wrapped)  # the adapters' sum in one in-place product (rlhfkit.accel)
+    return wrapped
 
 
 def is_lora(model) -> bool:

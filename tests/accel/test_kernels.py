@@ -108,3 +108,52 @@ def test_tied_embedding_adds_its_rows_into_the_weights_gradient(monkeypatch):
     copy.deepcopy(ours)(input_ids=ids).logits.sum().backward()
     ours.requires_grad_(False)(input_ids=ids)
     assert attached == [True, True, False]
+
+
+def test_lora_linears_add_the_adapters_in_place_as_peft_does():
+    """The swapped LoRA layers give PEFT's outputs and gradients (adapters, inputs); with dropout on the adapters'
+    input, adapters off or merged they run PEFT's own forward."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit.accel import kernels
+    from rlhfkit.config.parts import LoraArgs
+    from rlhfkit.models.lora import apply_lora
+
+    base = _llama(tied=True)
+    plain = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    ours = apply_lora(copy.deepcopy(base), LoraArgs(lora_r=4, lora_alpha=8))
+    fused = [m for m in ours.modules() if type(m).__name__ == "FusedLinear"]
+    assert len(fused) == 7 * 2 and kernels.fuse_lora_linears(ours) == 0
+    for p in plain.parameters():
+        if p.requires_grad:
+            p.data.normal_(0, 0.2, generator=torch.Generator().manual_seed(p.numel()))  # B away from zero
+    ours.load_state_dict(plain.state_dict())
+    calls = []
+    for m in fused:
+        m.base_layer.register_forward_hook(lambda *a: calls.append(1))
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    a, b = plain(input_ids=ids).logits, ours(input_ids=ids).logits
+    assert len(calls) == len(fused) and torch.allclose(a, b, atol=1e-5)
+    a.pow(2).mean().backward()
+    b.pow(2).mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+    with ours.disable_adapter(), plain.disable_adapter(), torch.no_grad():
+        assert torch.allclose(ours(input_ids=ids).logits, base(input_ids=ids).logits, atol=1e-5)
+    adds = []
+    addmm = torch.Tensor.addmm_
+    try:
+        torch.Tensor.addmm_ = lambda self, *a, **k: adds.append(1) or addmm(self, *a, **k)
+        with torch.no_grad():
+            ours(input_ids=ids)
+            assert len(adds) == len(fused)
+            for m in fused:
+                m.lora_dropout["default"] = torch.nn.Dropout(0.5)
+            ours.eval()(input_ids=ids)  # dropout modules, even in eval: PEFT's forward
+    finally:
+        torch.Tensor.addmm_ = addmm
+    assert len(adds) == len(fused)

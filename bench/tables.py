@@ -417,6 +417,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "a81cf2c2955d --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "e880040a76f9 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "ff289967ee0f --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "53d252443856 --rows sft,rm,dpo",
 ]
 REAL_LABELS = {
     "sft": "sft",

@@ -256,9 +256,13 @@ def _merged_projection(base, pairs, rows: int = 0):
     from rlhfkit.accel.kernels import OneDNNLinear, linear_matmul
 
     with torch.no_grad():
-        weight = base.weight.detach().clone()
-        for a, scaled_b in pairs:
-            weight.addmm_(scaled_b.detach(), a.detach())
+        # the first adapter's sum makes the copy (one pass over the weight); the model's weight stays as it is
+        weight = base.weight.detach()
+        for i, (a, scaled_b) in enumerate(pairs):
+            if i == 0:
+                weight = torch.addmm(weight, scaled_b.detach(), a.detach())
+            else:
+                weight.addmm_(scaled_b.detach(), a.detach())
     packed = _packed(base, weight, rows)
     if packed is not None:
         return packed  # (the merged copy is not kept)

@@ -1,4 +1,4 @@
-"""Performance code, kept apart from the algorithms and applied in two visible places.
+"""Performance code, kept apart from the algorithms and applied in a few visible places.
 
 - ``prepare_model(model)``, called by every model loader: swaps in kernels that compute the same function
   faster (``kernels.py``): a fused tanh-GELU, a fused fp32 RMSNorm, and fp32 CPU linear layers through oneDNN
@@ -6,9 +6,12 @@
   once per machine, the verdicts kept under ``~/.cache/rlhfkit``).
 - ``kernels.row_grad_embedding(model)``, called where a trainer builds its optimizer: a tied input embedding
   adds its rows' gradient into the weight's ``.grad`` in place instead of building a dense one.
-- ``RLHFKIT_ACCEL=0`` in the environment turns every swap off.
+- ``kernels.fuse_lora_linears(model)``, called where LoRA adapters are added (``rlhfkit.models.lora``): a plain
+  adapter's product is added onto its base layer's output in place.
 - Sequence packing (``packing.py``): teacher-forced passes on packed rows instead of padded ones, chosen
-  per batch by a cost model; on by default, ``--pack-sequences false`` turns it off.
+  per batch by a cost model; on by default, ``--pack-sequences false`` turns it off. A packed pass's attention
+  runs by segments where that is cheaper (``segments.py``).
+- ``RLHFKIT_ACCEL=0`` in the environment turns every swap, the lean decode step and the segment attention off.
 
 Nothing here runs at import time.
 """

@@ -119,17 +119,22 @@ def routed(mask: torch.Tensor, segments: Segments):
             or kwargs.get("softcap") is not None
             or kwargs.get("s_aux") is not None
             or query.shape[2] != mask.shape[-2]
+            or key.shape[2] != mask.shape[-1]
         )
         if plain:
             return stock(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         return attend(segments, query, key, value, scaling), None
 
-    had_local = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = attention
+    local = getattr(ALL_ATTENTION_FUNCTIONS, "_local_mapping", None)
+    if not isinstance(local, dict):  # a transformers whose interface is built otherwise: the stock attention
+        yield
+        return
+    had_local = "sdpa" in local
+    local["sdpa"] = attention
     try:
         yield
     finally:
         if had_local:
-            ALL_ATTENTION_FUNCTIONS["sdpa"] = stock
+            local["sdpa"] = stock
         else:
-            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+            del local["sdpa"]

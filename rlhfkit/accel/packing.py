@@ -213,8 +213,8 @@ class PackedBatch:
 
     def run(self, module, model=None, **kwargs):
         """``module(**self.model_inputs(model), **kwargs)``: ``module`` (a model or its transformer stack) on the
-        packed rows, ``model`` (default ``module``) the one whose config the inputs follow. Its sdpa attention
-        runs by segments (``rlhfkit.accel.segments``) where that is cheaper."""
+        packed rows, ``model`` (default ``module``) the one whose config the inputs follow. On the CPU its sdpa
+        attention runs by segments (``rlhfkit.accel.segments``) where that is cheaper."""
         model = module if model is None else model
         with self._attention(model):
             return module(**self.model_inputs(model), **kwargs)
@@ -222,6 +222,7 @@ class PackedBatch:
     def _attention(self, model):
         if (
             not enabled()
+            or self.input_ids.device.type != "cpu"  # measured on the CPU; a GPU's fused kernels stay as they are
             or _config(model)._attn_implementation != "sdpa"
             or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
         ):

@@ -11,7 +11,7 @@ same keys with the same weights as under the full mask (the outputs differ by th
 free positions (no token; their outputs are never read) get zeros.
 
 On SmolLM2's GRPO rows the attention forward + backward of a layer went from ~8.2 to ~3.9 ms. The segments are
-used where they cover fewer than ``MAX_COVER`` of the row's score matrix, through ``PackedBatch.run`` (which
+used on the CPU where they cover fewer than ``MAX_COVER`` of the row's score matrix, through ``PackedBatch.run`` (which
 routes the model's sdpa attention here for the length of its forward), and not under gradient checkpointing
 (its recomputation runs outside that forward).
 """

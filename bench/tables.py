@@ -354,7 +354,7 @@ def speed(compact: bool = False) -> list[str]:
     if any(run["args"].get("bf16") for run in runs):
         raise SystemExit("tables: the speed table compares fp32 runs")
     rows = speed_rows(ppo_avx512, "PPO", 2) + speed_rows(ppo_avx2, "PPO", 2) + speed_rows(grpo, "GRPO", 3)
-    real, _, real_runs = real_rows() if not compact else ({}, {}, [])  # the README keeps the benchmark models
+    real, _, real_runs = real_rows()
     for name, benchmark in (("ppo", "PPO"), ("ppo-lora", "PPO"), ("grpo", "GRPO"), ("grpo-lora", "GRPO")):
         if name not in real:
             continue
@@ -382,12 +382,8 @@ def speed(compact: bool = False) -> list[str]:
     note = (
         f"fp32, {'/'.join(map(str, threads))} threads; speed-up: TRL's seconds per step ÷ rlhfkit's (each run's "
         "median step time, mean over its seeds)"
-        + (
-            ""
-            if compact
-            else "; SmolLM2: 16 completions of 32 tokens per step, PPO with one epoch (see [below]"
-            "(#a-real-model-smollm2-135m-instruct))"
-        )
+        + "; SmolLM2: 16 completions of 32 tokens per step, PPO with one epoch"
+        + (" (docs/performance.md)" if compact else " (see [below](#a-real-model-smollm2-135m-instruct))")
         + (f"; GRPO's rlhfkit runs at {compiled} sample with `--compile-decode`." if compiled else ".")
     )
     if compact:

@@ -60,6 +60,18 @@ def fuse_activations(model: nn.Module) -> int:
     return replaced
 
 
+def swap_classes(model: nn.Module, swaps: dict[type, type], where=lambda module: True) -> int:
+    """Give each module of ``model`` whose exact class is a key of ``swaps`` (and that ``where`` accepts) the
+    class it maps to: a subclass with the same parameters and state dict; returns how many changed."""
+    changed = 0
+    for module in model.modules():
+        new = swaps.get(type(module))
+        if new is not None and where(module):
+            module.__class__ = new
+            changed += 1
+    return changed
+
+
 def _fused_rms_norm(cls: type) -> type:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if fp32_cpu(x, self.weight):
@@ -88,14 +100,7 @@ def _rms_norm_swaps() -> dict[type, type]:
 def fuse_rms_norms(model: nn.Module) -> int:
     """Give the RMSNorm modules of ``model`` the fused fp32 CPU kernel (see the module's docstring); returns how
     many. Other dtypes and devices run the model's own forward."""
-    swaps = _rms_norm_swaps()
-    changed = 0
-    for module in model.modules():
-        new = swaps.get(type(module))
-        if new is not None and isinstance(getattr(module, "variance_epsilon", None), float):
-            module.__class__ = new
-            changed += 1
-    return changed
+    return swap_classes(model, _rms_norm_swaps(), lambda m: isinstance(getattr(m, "variance_epsilon", None), float))
 
 
 # ---- the tied input embedding's gradient, added as rows ---------------------------------------------------------
@@ -216,12 +221,12 @@ def _lora_forward(cls: type) -> type:
 
 
 @functools.cache
-def _lora_swap() -> tuple[type, type] | None:
+def _lora_swaps() -> dict[type, type]:
     try:
         from peft.tuners.lora.layer import Linear
     except ImportError:  # pragma: no cover - peft is a dependency
-        return None
-    return Linear, _lora_forward(Linear)
+        return {}
+    return {Linear: _lora_forward(Linear)}
 
 
 def fuse_lora_linears(model: nn.Module) -> int:
@@ -229,15 +234,7 @@ def fuse_lora_linears(model: nn.Module) -> int:
     otherwise PEFT's own forward); returns how many. Called by ``rlhfkit.models.lora.apply_lora``."""
     from rlhfkit.accel import enabled
 
-    swap = _lora_swap()
-    if swap is None or not enabled():
-        return 0
-    changed = 0
-    for module in model.modules():
-        if type(module) is swap[0]:
-            module.__class__ = swap[1]
-            changed += 1
-    return changed
+    return swap_classes(model, _lora_swaps()) if enabled() else 0
 
 
 # ---- fp32 linear layers on CPU through oneDNN ----------------------------------------------------------------
@@ -526,10 +523,4 @@ def fast_linears(model: nn.Module, measure: bool = True) -> int:
     conv1d = _conv1d_swap()
     if conv1d is not None:
         swaps[conv1d[0]] = conv1d[1]
-    changed = 0
-    for module in model.modules():
-        new = swaps.get(type(module))
-        if new is not None and (not measure or onednn_faster(*_features(module))):
-            module.__class__ = new
-            changed += 1
-    return changed
+    return swap_classes(model, swaps, lambda m: not measure or onednn_faster(*_features(m)))

@@ -4,9 +4,9 @@
   faster (``kernels.py``): a fused tanh-GELU, a fused fp32 RMSNorm, and fp32 CPU linear layers through oneDNN
   where a self-check shows oneDNN equal to the default path on this CPU and faster at that layer's shape (timed
   once per machine, the verdicts kept under ``~/.cache/rlhfkit``).
-- ``kernels.row_grad_embedding(model)``, called where a trainer builds its optimizer: a tied input embedding
+- ``trainable.row_grad_embedding(model)``, called where a trainer builds its optimizer: a tied input embedding
   adds its rows' gradient into the weight's ``.grad`` in place instead of building a dense one.
-- ``kernels.fuse_lora_linears(model)``, called where LoRA adapters are added (``rlhfkit.models.lora``): a plain
+- ``trainable.fuse_lora_linears(model)``, called where LoRA adapters are added (``rlhfkit.models.lora``): a plain
   adapter's product is added onto its base layer's output in place.
 - Sequence packing (``packing.py``): teacher-forced passes on packed rows instead of padded ones, chosen
   per batch by a cost model; on by default, ``--pack-sequences false`` turns it off. A packed pass's attention

@@ -20,7 +20,7 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
     """Wrap ``model`` with LoRA adapters of rank ``lora.lora_r``; only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model
 
-    from rlhfkit.accel.kernels import fuse_lora_linears
+    from rlhfkit.accel.trainable import fuse_lora_linears
 
     targets = lora.lora_target_modules
     target_modules = "all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]

@@ -30,7 +30,7 @@ def enable_gradient_checkpointing(*models: torch.nn.Module | None) -> None:
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
     """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors). The model's
     tied input embedding gets ``rlhfkit.accel``'s in-place gradient rows (the optimizer reads ``.grad``)."""
-    from rlhfkit.accel.kernels import row_grad_embedding
+    from rlhfkit.accel.trainable import row_grad_embedding
 
     row_grad_embedding(model)
     params = [p for p in model.parameters() if p.requires_grad]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.accel.kernels import RowGradEmbedding, TanhGELU, fuse_activations, fuse_rms_norms, row_grad_embedding
+from rlhfkit.accel.kernels import TanhGELU, fuse_activations, fuse_rms_norms
+from rlhfkit.accel.trainable import RowGradEmbedding, fuse_lora_linears, row_grad_embedding
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import save_pretrained
 
@@ -117,7 +118,6 @@ def test_lora_linears_add_the_adapters_in_place_as_peft_does():
 
     from peft import LoraConfig, get_peft_model
 
-    from rlhfkit.accel import kernels
     from rlhfkit.config.parts import LoraArgs
     from rlhfkit.models.lora import apply_lora
 
@@ -125,7 +125,7 @@ def test_lora_linears_add_the_adapters_in_place_as_peft_does():
     plain = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     ours = apply_lora(copy.deepcopy(base), LoraArgs(lora_r=4, lora_alpha=8))
     fused = [m for m in ours.modules() if type(m).__name__ == "FusedLinear"]
-    assert len(fused) == 7 * 2 and kernels.fuse_lora_linears(ours) == 0
+    assert len(fused) == 7 * 2 and fuse_lora_linears(ours) == 0
     for p in plain.parameters():
         if p.requires_grad:
             p.data.normal_(0, 0.2, generator=torch.Generator().manual_seed(p.numel()))  # B away from zero

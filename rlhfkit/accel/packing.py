@@ -30,7 +30,8 @@ attention.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -197,7 +198,6 @@ class PackedBatch:
     position_ids: torch.Tensor  # [R, C] 0, 1, ... within each sequence
     allowed: torch.Tensor  # [R, 1, C, C] block-diagonal causal mask, True = may attend
     index: torch.Tensor  # [B, L] flat position in R*C of each padded position (0 on padding)
-    _segments: list = field(default_factory=list, repr=False)  # [the attention's segment plan or None], once made
 
     def mask_for(self, model) -> torch.Tensor:
         """The 4-D attention mask in the form ``model``'s attention takes: bool (sdpa) or additive (eager)."""
@@ -227,12 +227,15 @@ class PackedBatch:
             or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
         ):
             return contextlib.nullcontext()
-        if not self._segments:
-            used = torch.zeros(self.input_ids.numel(), dtype=torch.bool, device=self.index.device)
-            used[self.index.reshape(-1)] = True  # flat position 0 (padding's index) always holds a token
-            self._segments.append(segments.plan(self.allowed, used.view(self.input_ids.shape)))
-        plan = self._segments[0]
+        plan = self.segment_plan
         return contextlib.nullcontext() if plan is None else segments.routed(self.allowed, plan)
+
+    @functools.cached_property
+    def segment_plan(self) -> segments.Segments | None:
+        """The attention's segments for these rows (``segments.plan``), made on first use."""
+        used = torch.zeros(self.input_ids.numel(), dtype=torch.bool, device=self.index.device)
+        used[self.index.reshape(-1)] = True  # flat position 0 (padding's index) always holds a token
+        return segments.plan(self.allowed, used.view(self.input_ids.shape))
 
     def causal_lm_outputs(self, model, start: int, stop: int, hidden: bool = False):
         """Run causal LM ``model`` on the packed rows; its logits ``[B, stop-start, V]`` at the padded layout's

@@ -111,7 +111,7 @@ def test_tied_embedding_adds_its_rows_into_the_weights_gradient(monkeypatch):
     assert attached == [True, True, False]
 
 
-def test_lora_linears_add_the_adapters_in_place_as_peft_does():
+def test_lora_linears_add_the_adapters_in_place_as_peft_does(monkeypatch):
     """The swapped LoRA layers give PEFT's outputs and gradients (adapters, inputs); with dropout on the adapters'
     input, adapters off or merged they run PEFT's own forward."""
     import copy
@@ -146,14 +146,11 @@ def test_lora_linears_add_the_adapters_in_place_as_peft_does():
         assert torch.allclose(ours(input_ids=ids).logits, base(input_ids=ids).logits, atol=1e-5)
     adds = []
     addmm = torch.Tensor.addmm_
-    try:
-        torch.Tensor.addmm_ = lambda self, *a, **k: adds.append(1) or addmm(self, *a, **k)
-        with torch.no_grad():
-            ours(input_ids=ids)
-            assert len(adds) == len(fused)
-            for m in fused:
-                m.lora_dropout["default"] = torch.nn.Dropout(0.5)
-            ours.eval()(input_ids=ids)  # dropout modules, even in eval: PEFT's forward
-    finally:
-        torch.Tensor.addmm_ = addmm
+    monkeypatch.setattr(torch.Tensor, "addmm_", lambda self, *a, **k: adds.append(1) or addmm(self, *a, **k))
+    with torch.no_grad():
+        ours(input_ids=ids)
+        assert len(adds) == len(fused)
+        for m in fused:
+            m.lora_dropout["default"] = torch.nn.Dropout(0.5)
+        ours.eval()(input_ids=ids)  # dropout modules, even in eval: PEFT's forward
     assert len(adds) == len(fused)

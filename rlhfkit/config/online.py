@@ -118,7 +118,7 @@ class CriticArgs:
     """Clip the value update to old value +- this; none disables."""
     value_pass_apart: bool = True
     """With --value-model, in one process: run the value model's forward and backward after the policy's, in
-    half-size micro-batches, so the two networks' activations are never held at once (a sixth less peak memory
+    quarter-size micro-batches, so the two networks' activations are never held at once (a sixth less peak memory
     on a 135M model's full PPO step, the same update). Where the rollout's forward is reused (one minibatch) it
     costs one more forward of the value model per step; false: one joint pass."""
 

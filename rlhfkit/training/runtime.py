@@ -97,15 +97,16 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 
 @functools.cache
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl, Windows)."""
+def _glibc():
+    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else None (macOS, musl, Windows)."""
     import ctypes
     import ctypes.util
 
     try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 def release_freed_memory() -> None:
@@ -115,7 +116,53 @@ def release_freed_memory() -> None:
     threshold rises to its size, so later tensors of that size come from the heap, and the heap keeps what they
     free. An online step frees whole phases' worth of them (the decode step's key / value buffers after
     sampling, the teacher-forced passes' activations before the update), and the next phase's tensors then
-    come on top of those pages in the process's resident size. Trimming between phases costs milliseconds."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    come on top of those pages in the process's resident size. Trimming between phases costs milliseconds, and
+    the next phase's first touch of each page it gets back (see ``keep_freed_memory``)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+# glibc's mallopt parameters (malloc.h) and the values keep_freed_memory sets
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+HEAP_MMAP_THRESHOLD = 32 << 20  # glibc's largest: tensors up to this size come from the heap
+HEAP_TOP_PAD = 64 << 20
+HEAP_TRIM_THRESHOLD = (1 << 31) - 1  # the top of the heap is not handed back while the process runs
+
+
+def _user_malloc_settings() -> bool:
+    """Whether the environment already tunes glibc's malloc (or swaps the allocator): those are left alone."""
+    env = os.environ
+    return (
+        "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
+        or any(k.startswith("MALLOC_") and k.endswith("_") for k in env)
+        or any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))
+    )
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep the memory freed tensors leave for the next tensors, instead of returning it to the
+    operating system; returns whether it did (glibc, no malloc settings in the environment, ``RLHFKIT_ACCEL``
+    not off). Process-wide, for the rest of the process.
+
+    A page the operating system hands (back) to the process costs a page fault and a zero-fill at its first
+    touch: ~2.5 us per 4 KB on a 2-core VM, 3 ms for a single ``[832, 1536]`` activation. By default glibc returns
+    the freed top of the heap once it exceeds twice the (moving) mmap threshold, maps tensors above that
+    threshold fresh each time, and ``malloc_trim`` returns every free page: an online RL step on a 135M model
+    took ~900k such faults (over 2 s of an 8 s PPO step). With tensors up to 32 MB taken from the heap and its
+    freed memory kept, each phase reuses the pages the previous one freed. The resident size then stays near
+    its peak between phases; the peak itself is what the phases need at once, plus what fragmentation leaves
+    unusable (measured: +30-50 MB on a 6.7 GB PPO step)."""
+    from rlhfkit.accel import enabled
+
+    libc = _glibc()
+    if libc is None or not enabled() or _user_malloc_settings():
+        return False
+    return all(
+        libc.mallopt(param, value) == 1
+        for param, value in (
+            (_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD),
+            (_M_TOP_PAD, HEAP_TOP_PAD),
+        )
+    )

@@ -154,3 +154,54 @@ def test_lora_linears_add_the_adapters_in_place_as_peft_does(monkeypatch):
             m.lora_dropout["default"] = torch.nn.Dropout(0.5)
         ours.eval()(input_ids=ids)  # dropout modules, even in eval: PEFT's forward
     assert len(adds) == len(fused)
+
+
+def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_one_tensor_less():
+    import copy
+
+    from rlhfkit.accel.kernels import fuse_swiglu_mlps
+
+    plain = _llama(tied=False)
+    ours = copy.deepcopy(plain)
+    assert fuse_swiglu_mlps(ours) == 2  # one per layer
+    assert fuse_swiglu_mlps(ours) == 0
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(2))
+    a, b = plain(input_ids=ids).logits, ours(input_ids=ids).logits
+    assert torch.equal(a, b)
+    a.pow(2).mean().backward()
+    b.pow(2).mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    with torch.no_grad():  # the in-place product of the no-grad path
+        assert torch.equal(plain(input_ids=ids).logits, ours(input_ids=ids).logits)
+
+    def saved_bytes(mlp):
+        seen = {}
+
+        def pack(t):
+            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+            return t
+
+        x = torch.randn(64, mlp.hidden_size, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            mlp(x).sum().backward()
+        return sum(seen.values())
+
+    inter = plain.config.intermediate_size
+    saved = saved_bytes(plain.model.layers[0].mlp) - saved_bytes(ours.model.layers[0].mlp)
+    assert saved == 64 * inter * 4  # silu(gate) is not kept
+
+
+def test_swiglu_mlp_leaves_other_activations_and_hooked_ones_alone():
+    from torch import nn
+
+    from rlhfkit.accel.kernels import fuse_swiglu_mlps
+
+    model = _llama(tied=False)
+    model.model.layers[0].mlp.act_fn = nn.GELU()
+    assert fuse_swiglu_mlps(model) == 1
+    seen = []
+    mlp = model.model.layers[1].mlp
+    mlp.act_fn.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert seen == [torch.Size([1, 3, model.config.intermediate_size])]  # the hooked activation still ran

@@ -1,4 +1,5 @@
-"""Freed heap pages go back to the operating system between the online trainer's phases."""
+"""Freed heap memory: handed back to the operating system (``release_freed_memory``), or kept for the next tensors
+(``keep_freed_memory``, what the online trainers do on the CPU)."""
 
 import subprocess
 import sys
@@ -39,3 +40,57 @@ def test_release_freed_memory_lowers_the_resident_size():
     if freed <= before - 96:  # an allocator (glibc version, torch build) that unmaps freed blocks itself
         pytest.skip(f"the allocator gave the freed pages back by itself ({before:.0f} -> {freed:.0f} MB): none to trim")
     assert after < freed - 96  # most of the freed 192 MB stayed resident (the heap keeps them); trimming returns them
+
+
+REUSE = textwrap.dedent(
+    """
+    import ctypes, sys
+    import torch
+    from rlhfkit.training.runtime import keep_freed_memory
+
+    kept = keep_freed_memory() if sys.argv[1] == "keep" else False
+
+    class MallInfo2(ctypes.Structure):  # glibc's mallinfo2: sizes in bytes
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+        )]
+
+    libc = ctypes.CDLL("libc.so.6")
+    if not hasattr(libc, "mallinfo2"):
+        print(int(kept), -1, -1)
+        raise SystemExit
+    libc.mallinfo2.restype = MallInfo2
+    before = libc.mallinfo2()
+    block = torch.ones(24 * 2**18)  # 24 MB
+    mapped = libc.mallinfo2().hblkhd - before.hblkhd  # in mappings of their own
+    del block
+    heap = libc.mallinfo2().arena - before.arena  # the heap's growth, after the block is freed
+    print(int(kept), mapped >> 20, heap >> 20)
+    """
+)
+
+
+def _heap_use(mode: str, **env) -> tuple[bool, int, int]:
+    import os
+
+    run_env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "RLHFKIT_ACCEL")} | env
+    out = subprocess.run(
+        [sys.executable, "-c", REUSE, mode], capture_output=True, text=True, check=True, env=run_env
+    ).stdout
+    kept, mapped, heap = map(int, out.split())
+    return bool(kept), mapped, heap
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
+def test_kept_heap_memory_holds_large_tensors_and_keeps_them_after_free():
+    kept, mapped, heap = _heap_use("keep")
+    if not kept or mapped < 0:
+        pytest.skip("not glibc 2.33+: nothing to tune or measure")
+    _, default_mapped, default_heap = _heap_use("default")
+    # by default glibc gives a 24 MB tensor a mapping of its own, unmapped (and faulted in afresh) each time;
+    # kept, it comes from the heap and its pages stay there for the next tensors once it is freed
+    assert default_mapped >= 24 and default_heap < 24
+    assert mapped < 24 and heap >= 24
+    # the user's own malloc settings, or RLHFKIT_ACCEL=0, are left alone
+    assert _heap_use("keep", GLIBC_TUNABLES="glibc.malloc.arena_max=8")[0] is False
+    assert _heap_use("keep", RLHFKIT_ACCEL="0")[0] is False

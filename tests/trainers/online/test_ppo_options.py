@@ -165,8 +165,10 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
         train(parse("ppo", f"{args} --pack-sequences {packs} --output-dir {out}"), scorer=ThanksScorer())
         results.append((read_metrics(out), load_file(out / "model.safetensors")))
     # per step: one packing for the rollout (shared by the reference pass) + one per minibatch (2 epochs x 2),
-    # and a separate value model's pass after the policy's packs each minibatch's two halves
-    per_update = 3 if value == "separate" else 1
+    # and a separate value model's pass after the policy's packs each minibatch's quarters (4 rows: 4 x 1)
+    from rlhfkit.trainers.online.trainer import VALUE_PASS_SPLIT
+
+    per_update = 1 + VALUE_PASS_SPLIT if value == "separate" else 1
     assert len(packed_calls) == 2 * (1 + 4 * per_update) and sum(p is not None for p in packed_calls) > 5
     assert len(packed_calls[0].input_ids) < 8  # the rollout's 8 sequences share rows
     (rows_packed, w_packed), (rows_padded, w_padded) = results

@@ -124,9 +124,8 @@ def release_freed_memory() -> None:
 
 
 # glibc's mallopt parameters (malloc.h) and the values keep_freed_memory sets
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-HEAP_MMAP_THRESHOLD = 32 << 20  # glibc's largest: tensors up to this size come from the heap
-HEAP_TOP_PAD = 64 << 20
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+HEAP_TOP_PAD = 64 << 20  # the heap grows by at least this much at a time
 HEAP_TRIM_THRESHOLD = (1 << 31) - 1  # the top of the heap is not handed back while the process runs
 
 
@@ -146,13 +145,14 @@ def keep_freed_memory() -> bool:
     not off). Process-wide, for the rest of the process.
 
     A page the operating system hands (back) to the process costs a page fault and a zero-fill at its first
-    touch: ~2.5 us per 4 KB on a 2-core VM, 3 ms for a single ``[832, 1536]`` activation. By default glibc returns
-    the freed top of the heap once it exceeds twice the (moving) mmap threshold, maps tensors above that
-    threshold fresh each time, and ``malloc_trim`` returns every free page: an online RL step on a 135M model
-    took ~900k such faults (over 2 s of an 8 s PPO step). With tensors up to 32 MB taken from the heap and its
-    freed memory kept, each phase reuses the pages the previous one freed. The resident size then stays near
-    its peak between phases; the peak itself is what the phases need at once, plus what fragmentation leaves
-    unusable (measured: +30-50 MB on a 6.7 GB PPO step)."""
+    touch: ~2.5 us per 4 KB on a 2-core VM, 3 ms for a single ``[832, 1536]`` activation, 150 ms for a
+    ``[49152, 576]`` gradient. By default glibc returns the freed top of the heap once it exceeds twice the
+    (moving) mmap threshold, maps tensors above that threshold fresh each time, and ``malloc_trim`` returns
+    every free page: an online RL step on a 135M model took ~900k such faults (over 2 s of an 8 s PPO step).
+    With every tensor taken from the heap (no mappings of their own) and the heap's freed memory kept, each
+    phase reuses the pages the previous one freed. The resident size then stays near its peak between phases;
+    the peak itself is what the phases need at once, plus what fragmentation leaves unusable (measured within
+    +-100 MB of a 6.5 GB PPO step's)."""
     from rlhfkit.accel import enabled
 
     libc = _glibc()
@@ -161,8 +161,8 @@ def keep_freed_memory() -> bool:
     return all(
         libc.mallopt(param, value) == 1
         for param, value in (
-            (_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD),
             (_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD),
             (_M_TOP_PAD, HEAP_TOP_PAD),
+            (_M_MMAP_MAX, 0),  # no tensor gets a mapping of its own (unless the heap cannot grow)
         )
     )

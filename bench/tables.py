@@ -414,6 +414,8 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "e880040a76f9 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "ff289967ee0f --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "53d252443856 --rows sft,rm,dpo",
+    "efe11c2b6ce5 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "efe11c2b6ce5-dirty --rows sft,rm,dpo",
 ]
 REAL_LABELS = {
     "sft": "sft",

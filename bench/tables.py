@@ -721,7 +721,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_phases": real_phases,
     "real_gpu": real_gpu,
     "real_profile_floor": lambda: profile_floor(
-        [Run("profile_ppo", REAL_MACHINE, "a91f608078eb-dirty --size smollm2 --steps 3 --threads 2")]
+        [Run("profile_ppo", REAL_MACHINE, "5c061a8def9b --size smollm2 --steps 5 --threads 2")]
     ),
     "profile_parts": profile_parts,
     "profile_floor": profile_floor,

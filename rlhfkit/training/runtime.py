@@ -145,10 +145,10 @@ def keep_freed_memory() -> bool:
     not off). Process-wide, for the rest of the process.
 
     A page the operating system hands (back) to the process costs a page fault and a zero-fill at its first
-    touch: ~2.5 us per 4 KB on a 2-core VM, 3 ms for a single ``[832, 1536]`` activation, 150 ms for a
-    ``[49152, 576]`` gradient. By default glibc returns the freed top of the heap once it exceeds twice the
-    (moving) mmap threshold, maps tensors above that threshold fresh each time, and ``malloc_trim`` returns
-    every free page: an online RL step on a 135M model took ~900k such faults (over 2 s of an 8 s PPO step).
+    touch (a 4 KB page at a time; a ``[49152, 576]`` gradient is 27,648 of them). By default glibc returns the
+    freed top of the heap once it exceeds twice the (moving) mmap threshold, maps tensors above that threshold
+    fresh each time, and ``malloc_trim`` returns every free page: a full PPO step on a 135M model took ~950k
+    such faults, and avoiding them took the step from ~8.2 to ~6.9 s on a 2-core VM (~1.4 us a fault).
     With every tensor taken from the heap (no mappings of their own) and the heap's freed memory kept, each
     phase reuses the pages the previous one freed. The resident size then stays near its peak between phases;
     the peak itself is what the phases need at once, plus what fragmentation leaves unusable (measured within

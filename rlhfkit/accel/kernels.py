@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlhfkit.accel import forward_intercepted
 from rlhfkit.cache import cache_root
 from rlhfkit.ops.vocab_chunks import Product, fp32_cpu, pad_rows
 
@@ -84,20 +85,26 @@ def _fused_rms_norm(cls: type) -> type:
     return type(f"Fused{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
 
 
-@functools.cache
-def _rms_norm_swaps() -> dict[type, type]:
-    """{transformers' RMSNorm class: its fused subclass} for the model families whose norm is
-    ``weight * (x * rsqrt(mean(x^2) + eps))`` computed in fp32 (Gemma's ``1 + weight`` is not one of them)."""
+def _family_swaps(suffix: str, subclass) -> dict[type, type]:
+    """{transformers' ``<Family><suffix>`` class: ``subclass(it)``} for Llama, Qwen2, Qwen3 and Mistral (the
+    families whose norm and MLP the swaps below reproduce), skipping a family this transformers lacks."""
     import importlib
 
     swaps: dict[type, type] = {}
     for family, name in (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"), ("mistral", "Mistral")):
         try:
-            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), f"{name}RMSNorm")
+            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name + suffix)
         except (ImportError, AttributeError):  # pragma: no cover - a transformers without the family
             continue
-        swaps[cls] = _fused_rms_norm(cls)
+        swaps[cls] = subclass(cls)
     return swaps
+
+
+@functools.cache
+def _rms_norm_swaps() -> dict[type, type]:
+    """{transformers' RMSNorm class: its fused subclass} for the model families whose norm is
+    ``weight * (x * rsqrt(mean(x^2) + eps))`` computed in fp32 (Gemma's ``1 + weight`` is not one of them)."""
+    return _family_swaps("RMSNorm", _fused_rms_norm)
 
 
 def fuse_rms_norms(model: nn.Module) -> int:
@@ -140,8 +147,6 @@ def _silu_classes() -> tuple[type, ...]:
 
 def _swiglu_mlp(cls: type) -> type:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from rlhfkit.accel import forward_intercepted
-
         if forward_intercepted(self.act_fn):
             return cls.forward(self, x)
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
@@ -153,16 +158,7 @@ def _swiglu_mlp(cls: type) -> type:
 def _mlp_swaps() -> dict[type, type]:
     """{transformers' gated MLP class: its ``swiglu`` subclass} for the families whose MLP is
     ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
-    import importlib
-
-    swaps: dict[type, type] = {}
-    for family, name in (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"), ("mistral", "Mistral")):
-        try:
-            cls = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), f"{name}MLP")
-        except (ImportError, AttributeError):  # pragma: no cover - a transformers without the family
-            continue
-        swaps[cls] = _swiglu_mlp(cls)
-    return swaps
+    return _family_swaps("MLP", _swiglu_mlp)
 
 
 def fuse_swiglu_mlps(model: nn.Module) -> int:

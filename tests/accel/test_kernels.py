@@ -53,6 +53,16 @@ def _llama(tied: bool):
     return AutoModelForCausalLM.from_config(config)
 
 
+def _same_logits_and_gradients(plain, ours, ids) -> None:
+    """The two models give equal logits and, after the same loss's backward, equal gradients, bit for bit."""
+    a, b = plain(input_ids=ids).logits, ours(input_ids=ids).logits
+    assert torch.equal(a, b)
+    a.pow(2).mean().backward()
+    b.pow(2).mean().backward()
+    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
 def test_fused_rms_norm_is_the_model_norm_bit_for_bit():
     import copy
 
@@ -64,12 +74,7 @@ def test_fused_rms_norm_is_the_model_norm_bit_for_bit():
         p.data.mul_(1 + 0.1 * torch.rand_like(p))  # norms' weights away from 1
     ours.load_state_dict(plain.state_dict())
     ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
-    a, b = plain(input_ids=ids).logits, ours(input_ids=ids).logits
-    assert torch.equal(a, b)
-    a.pow(2).mean().backward()
-    b.pow(2).mean().backward()
-    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
-        assert torch.equal(p.grad, q.grad), name
+    _same_logits_and_gradients(plain, ours, ids)
     norm = ours.model.norm
     x = torch.randn(4, 32).bfloat16()  # not fp32: the model's own forward, same dtype handling
     assert torch.equal(norm.to(torch.bfloat16)(x), plain.model.norm.to(torch.bfloat16)(x))
@@ -166,12 +171,7 @@ def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_one_tensor_less():
     assert fuse_swiglu_mlps(ours) == 2  # one per layer
     assert fuse_swiglu_mlps(ours) == 0
     ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(2))
-    a, b = plain(input_ids=ids).logits, ours(input_ids=ids).logits
-    assert torch.equal(a, b)
-    a.pow(2).mean().backward()
-    b.pow(2).mean().backward()
-    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
-        assert torch.equal(p.grad, q.grad), name
+    _same_logits_and_gradients(plain, ours, ids)
     with torch.no_grad():  # the in-place product of the no-grad path
         assert torch.equal(plain(input_ids=ids).logits, ours(input_ids=ids).logits)
 

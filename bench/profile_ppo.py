@@ -15,7 +15,8 @@ this script builds them) and times rlhfkit's own functions by wrapping them (not
   advantages, misc    rest of make_rollout (padding, KL, rewards, GAE, whitening) -> steps 5-6
   train forward       ActorCritic.forward in the PPO epochs                 -> step 7
   loss math           OnlineTrainer.loss minus its forward (ops.*)
-  backward            Accelerator.backward
+  backward            Accelerator.backward                                  -> step 7
+    in the rollout      the separate value model's epoch-1 backward, run with the rollout (one minibatch)
   optimizer           updates.step (grad norm, AdamW, schedule, zero_grad)
   update overhead     rest of train_epochs (minibatch select, Python)
   step overhead       rest of OnlineTrainer.step (metrics, KL controller)
@@ -57,12 +58,13 @@ BUCKETS = [
     "train forward",
     "loss math",
     "backward",
+    "rollout backward",
     "optimizer",
     "update overhead",
     "step overhead",
     "loop overhead",
 ]
-CHILDREN = {"rm forward", "value model"}  # parts of the row above them, not added to the total
+CHILDREN = {"rm forward", "value model", "rollout backward"}  # parts of the row above them, not added to the total
 
 
 class Clock:
@@ -115,6 +117,7 @@ def instrument(clock: Clock, record: dict) -> None:
     clock.wrap(trainer, "response_logprobs", "reference forward")
     clock.wrap(trainer.OnlineTrainer, "loss", "loss+forward")
     clock.wrap(Accelerator, "backward", "backward")
+    clock.wrap(Accelerator, "backward", "rollout backward", when=lambda: in_rollout[0])
     clock.wrap(updates, "step", "optimizer")
     clock.wrap(trainer.OnlineTrainer, "train_epochs", "train_epochs")
 
@@ -137,6 +140,7 @@ def instrument(clock: Clock, record: dict) -> None:
                 "reference forward",
                 "train forward",
                 "backward",
+                "rollout backward",
                 "optimizer",
             )
         }
@@ -147,9 +151,11 @@ def instrument(clock: Clock, record: dict) -> None:
             - step["score"]
             - step["rollout forwards"]
             - step["reference forward"]
+            - step["rollout backward"]
         )
         step["loss math"] = n["loss+forward"] - n["train forward"]
-        step["update overhead"] = n["train_epochs"] - n["loss+forward"] - n["backward"] - n["optimizer"]
+        update_backward = n["backward"] - n["rollout backward"]
+        step["update overhead"] = n["train_epochs"] - n["loss+forward"] - update_backward - n["optimizer"]
         step["step overhead"] = (end - t0) - metrics["time/rollout_s"] - n["train_epochs"]
         step["loop overhead"] = n.get("loop overhead", 0.0)
         step["_ppo_step"] = end - t0

@@ -145,11 +145,66 @@ def _silu_classes() -> tuple[type, ...]:
     return (nn.SiLU, SiLUActivation)
 
 
+class _SwiGLUDown(torch.autograd.Function):
+    """``down(silu(gate) * up)`` for a plain linear ``down`` (weight ``[N, K]``), keeping ``gate`` and ``up`` (and
+    the weight) for backward: the product ``h = silu(gate) * up``, which the weight's gradient needs, is made
+    again there, with the same float operations. The linear runs as the layer itself would (``onednn``: the
+    oneDNN path of ``linear_matmul``; else ``F.linear``), and its gradients are the ones autograd would give it."""
+
+    @staticmethod
+    def forward(ctx, gate, up, weight, bias, onednn: bool):
+        h = F.silu(gate).mul_(up)
+        ctx.save_for_backward(gate, up, weight)
+        ctx.onednn, ctx.has_bias = onednn, bias is not None
+        if not onednn:
+            return F.linear(h, weight, bias)
+        n, k = weight.shape
+        return _onednn_forward(h.reshape(-1, k), weight.t(), bias).view(*h.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up, weight = ctx.saved_tensors
+        h = F.silu(gate).mul_(up)
+        n, k = weight.shape
+        g, x = grad.reshape(-1, n), h.reshape(-1, k)
+        if ctx.onednn:
+            dx, dwt = _onednn_backward(g, x, weight.t(), True, ctx.needs_input_grad[2])
+            dw = None if dwt is None else dwt.t()
+        else:  # autograd's products for a linear of a row-major input: g W and g^T x
+            dx = g.mm(weight)
+            dw = g.t().mm(x) if ctx.needs_input_grad[2] else None
+        dbias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        dh = dx.view(h.shape)
+        d_up = dh * F.silu(gate) if ctx.needs_input_grad[1] else None  # as _SwiGLU's backward
+        d_gate = torch.ops.aten.silu_backward(dh * up, gate) if ctx.needs_input_grad[0] else None
+        return d_gate, d_up, dw, dbias, None
+
+
+def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.Tensor:
+    """``down(swiglu(gate, up))``; where autograd records it and ``down`` is a plain ``nn.Linear`` (or its oneDNN
+    swap) of ``gate``'s dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps
+    neither ``silu(gate) * up`` nor ``down``'s input for backward (see the module's docstring)."""
+    records = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad or down.weight.requires_grad)
+    if (
+        not records
+        or type(down) not in (nn.Linear, OneDNNLinear)
+        or forward_intercepted(down)
+        or gate.shape != up.shape
+        or gate.dtype != down.weight.dtype
+        or torch.is_autocast_enabled(gate.device.type)
+        or torch.compiler.is_compiling()
+    ):
+        return down(swiglu(gate, up))
+    n, k = down.weight.shape
+    onednn = isinstance(down, OneDNNLinear) and _onednn_applies(gate.numel() // k, k, n, gate, down.weight, down.bias)
+    return _SwiGLUDown.apply(gate, up, down.weight, down.bias, onednn)
+
+
 def _swiglu_mlp(cls: type) -> type:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if forward_intercepted(self.act_fn):
             return cls.forward(self, x)
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return swiglu_down(self.gate_proj(x), self.up_proj(x), self.down_proj)
 
     return type(f"Fused{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
 
@@ -326,24 +381,43 @@ class _OneDNNMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, b, bias):
-        m, rows = x.shape[0], padded_rows(x.shape[0])
         ctx.save_for_backward(x, b)
-        ctx.rows, ctx.has_bias = rows, bias is not None
-        return _mm(pad_rows(x, rows), b, bias)[:m]
+        ctx.has_bias = bias is not None
+        return _onednn_forward(x, b, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, b = ctx.saved_tensors
-        gp = pad_rows(grad.contiguous(), ctx.rows)
-        dx = _mm(gp, b.t())[: x.shape[0]] if ctx.needs_input_grad[0] else None
-        db = None
-        if ctx.needs_input_grad[1]:
-            xp = pad_rows(x, ctx.rows)
-            # b a transposed view (an nn.Linear's W^T): its gradient is made in W's layout, [N, K], and handed back
-            # transposed, so the parameter's gradient needs no transposing copy; else in b's own layout
-            db = _mm(gp.t(), xp).t() if b.stride(0) == 1 and b.stride(1) != 1 else _mm(xp.t(), gp)
+        dx, db = _onednn_backward(grad, x, b, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         dbias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, db, dbias
+
+
+def _onednn_forward(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ b + bias`` for 2-D ``x [M, K]``, the rows padded to ``padded_rows(M)``."""
+    m = x.shape[0]
+    return _mm(pad_rows(x, padded_rows(m)), b, bias)[:m]
+
+
+def _onednn_backward(grad: torch.Tensor, x: torch.Tensor, b: torch.Tensor, need_x: bool, need_b: bool) -> tuple:
+    """``(g @ b^T, x^T @ g)`` of ``_onednn_forward`` (None where not needed), padded the same way."""
+    rows = padded_rows(x.shape[0])
+    gp = pad_rows(grad.contiguous(), rows)
+    dx = _mm(gp, b.t())[: x.shape[0]] if need_x else None
+    db = None
+    if need_b:
+        xp = pad_rows(x, rows)
+        # b a transposed view (an nn.Linear's W^T): its gradient is made in W's layout, [N, K], and handed back
+        # transposed, so the parameter's gradient needs no transposing copy; else in b's own layout
+        db = _mm(gp.t(), xp).t() if b.stride(0) == 1 and b.stride(1) != 1 else _mm(xp.t(), gp)
+    return dx, db
+
+
+def _onednn_applies(m: int, k: int, n: int, *tensors: torch.Tensor | None) -> bool:
+    """Whether an ``[m, k] @ [k, n]`` product of ``tensors`` takes the oneDNN path (see ``linear_matmul``)."""
+    if torch.compiler.is_compiling() or not fp32_cpu(*tensors):
+        return False
+    return m * k * n >= ONEDNN_MIN_MACS and onednn_ready()
 
 
 def linear_matmul(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
@@ -351,11 +425,9 @@ def linear_matmul(x: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None):
     fp32, no autocast, a product of at least ONEDNN_MIN_MACS, not inside a ``torch.compile`` trace: Inductor
     lowers oneDNN's linear only for frozen weights, and picks its own kernels), else None (the caller's default
     path)."""
-    if torch.compiler.is_compiling() or not fp32_cpu(x, b, bias):
-        return None
     k, n = b.shape
     m = x.numel() // k if k else 0
-    if m * k * n < ONEDNN_MIN_MACS or not onednn_ready():
+    if not _onednn_applies(m, k, n, x, b, bias):
         return None
     return _OneDNNMatmul.apply(x.reshape(m, k), b, bias).view(*x.shape[:-1], n)
 

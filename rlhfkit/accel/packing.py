@@ -214,7 +214,8 @@ class PackedBatch:
     def run(self, module, model=None, **kwargs):
         """``module(**self.model_inputs(model), **kwargs)``: ``module`` (a model or its transformer stack) on the
         packed rows, ``model`` (default ``module``) the one whose config the inputs follow. On the CPU its sdpa
-        attention runs by segments (``rlhfkit.accel.segments``) where that is cheaper."""
+        attention runs by segments (``rlhfkit.accel.segments``) where that is cheaper, else over the whole rows
+        with grouped-query heads read in place (``segments.whole_rows``)."""
         model = module if model is None else model
         with self._attention(model):
             return module(**self.model_inputs(model), **kwargs)
@@ -227,8 +228,7 @@ class PackedBatch:
             or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
         ):
             return contextlib.nullcontext()
-        plan = self.segment_plan
-        return contextlib.nullcontext() if plan is None else segments.routed(self.allowed, plan)
+        return segments.routed(self.allowed, self.segment_plan)
 
     @functools.cached_property
     def segment_plan(self) -> segments.Segments | None:

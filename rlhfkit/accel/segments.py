@@ -102,10 +102,23 @@ def attend(segments: Segments, query, key, value, scaling: float | None) -> torc
     return out.index_select(0, segments.back).view(R, C, H, D)
 
 
+def whole_rows(mask: torch.Tensor, query, key, value, scaling: float | None) -> torch.Tensor:
+    """Attention over the whole packed rows under ``mask``, each key / value head read by its group of query
+    heads where there are fewer (grouped-query attention) instead of copied out to one per query head first, as
+    transformers' sdpa attention does under a mask: the copies would be kept for backward, 2/3 of the keys' and
+    values' memory at SmolLM2's 9 query and 3 key heads. Outputs equal transformers' bit for bit; the keys' and
+    values' gradients sum the group's heads in another order. Returns ``[R, C, H, D]``."""
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return out.transpose(1, 2).contiguous()
+
+
 @contextlib.contextmanager
-def routed(mask: torch.Tensor, segments: Segments):
+def routed(mask: torch.Tensor, segments: Segments | None):
     """For the length of the block: transformers' sdpa attention, called with ``mask`` (the packed rows' own
-    mask tensor), attends by ``segments``; any other call runs as before."""
+    mask tensor), attends by ``segments`` (None: over the whole rows, ``whole_rows``); any other call runs as
+    before."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     stock = ALL_ATTENTION_FUNCTIONS["sdpa"]
@@ -123,6 +136,8 @@ def routed(mask: torch.Tensor, segments: Segments):
         )
         if plain:
             return stock(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        if segments is None:
+            return whole_rows(mask, query, key, value, scaling), None
         return attend(segments, query, key, value, scaling), None
 
     local = getattr(ALL_ATTENTION_FUNCTIONS, "_local_mapping", None)

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
+from torch import nn
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines
@@ -104,6 +105,19 @@ def accumulate(accelerator, model, micro_batches: Iterable, loss_fn: Callable) -
     return totals
 
 
+def sparse_embedding_grads(model: nn.Module) -> int:
+    """Give the input embeddings of ``model`` (plain ``nn.Embedding`` layers) sparse gradients: the looked-up
+    rows only, until ``step`` makes them dense (the optimizers take dense gradients). Where a model's gradients
+    are held for a while before the step (the value model's in online RL's early value pass), its
+    ``[vocab, hidden]`` gradient then takes no memory until the step. Returns how many layers changed."""
+    changed = 0
+    for module in model.modules():
+        if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
+            module.sparse = True
+            changed += 1
+    return changed
+
+
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if not grads:
         return torch.zeros(())
@@ -113,8 +127,12 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def step(accelerator, model, optimizer, scheduler, max_grad_norm: float) -> float:
-    """Clip, step, schedule, zero grads; returns the gradient norm before clipping."""
+    """Clip, step, schedule, zero grads; returns the gradient norm before clipping. Sparse gradients (an
+    embedding's looked-up rows, ``sparse_embedding_grads``) are made dense first."""
     params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = p.grad.to_dense()
     if max_grad_norm > 0:
         norm = accelerator.clip_grad_norm_(params, max_grad_norm)
     else:  # only for logging; one batched call rather than a norm per tensor

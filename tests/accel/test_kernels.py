@@ -3,6 +3,7 @@ tied embedding whose gradient comes as rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -161,12 +162,35 @@ def test_lora_linears_add_the_adapters_in_place_as_peft_does(monkeypatch):
     assert len(adds) == len(fused)
 
 
-def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_one_tensor_less():
+def _saved_bytes(mlp) -> int:
+    """The bytes an MLP's forward keeps for backward on 64 rows (each storage once)."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(64, mlp.hidden_size, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        mlp(x).sum().backward()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_two_tensors_less(monkeypatch, onednn):
+    """With plain linear layers and with their oneDNN swap: the same logits and gradients, and neither
+    ``silu(gate)`` nor ``silu(gate) * up`` (the down projection's input) kept for backward."""
     import copy
 
-    from rlhfkit.accel.kernels import fuse_swiglu_mlps
+    from rlhfkit.accel import kernels
+    from rlhfkit.accel.kernels import fast_linears, fuse_swiglu_mlps
 
     plain = _llama(tied=False)
+    if onednn:
+        if not kernels.onednn_ready():
+            pytest.skip("oneDNN's fp32 linear is not usable here")
+        monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 0)  # the tiny model's products take it too
+        assert fast_linears(plain, measure=False) > 0
     ours = copy.deepcopy(plain)
     assert fuse_swiglu_mlps(ours) == 2  # one per layer
     assert fuse_swiglu_mlps(ours) == 0
@@ -174,22 +198,26 @@ def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_one_tensor_less():
     _same_logits_and_gradients(plain, ours, ids)
     with torch.no_grad():  # the in-place product of the no-grad path
         assert torch.equal(plain(input_ids=ids).logits, ours(input_ids=ids).logits)
-
-    def saved_bytes(mlp):
-        seen = {}
-
-        def pack(t):
-            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
-            return t
-
-        x = torch.randn(64, mlp.hidden_size, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            mlp(x).sum().backward()
-        return sum(seen.values())
-
     inter = plain.config.intermediate_size
-    saved = saved_bytes(plain.model.layers[0].mlp) - saved_bytes(ours.model.layers[0].mlp)
-    assert saved == 64 * inter * 4  # silu(gate) is not kept
+    saved = _saved_bytes(plain.model.layers[0].mlp) - _saved_bytes(ours.model.layers[0].mlp)
+    assert saved == 2 * 64 * inter * 4  # silu(gate) and silu(gate) * up are not kept
+
+
+def test_swiglu_mlp_keeps_the_down_projections_input_where_it_is_not_a_plain_linear():
+    """A down projection with adapters (or any module other than a plain linear) runs as it is, on the product."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit.accel.kernels import fuse_swiglu_mlps
+
+    model = get_peft_model(_llama(tied=False), LoraConfig(r=4, lora_alpha=8, target_modules=["down_proj"]))
+    assert fuse_swiglu_mlps(model) == 2
+    mlp = model.base_model.model.model.layers[0].mlp
+    calls = []
+    mlp.down_proj.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))
+    inter = mlp.intermediate_size
+    # gate(x), up(x), the product (kept by the adapter's and the base layer's linears), the adapter's rank-4 output
+    assert _saved_bytes(mlp) >= 3 * 64 * inter * 4
+    assert calls == [torch.Size([64, inter])]
 
 
 def test_swiglu_mlp_leaves_other_activations_and_hooked_ones_alone():

@@ -3,6 +3,8 @@ attention under the packed mask, used by packed forwards where it is cheaper, an
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -80,3 +82,41 @@ def test_packed_forwards_attend_by_segments(monkeypatch, arch):
             module.p = 0.0
     assert_packed_matches_padded(policy, ids, mask, T, packed)
     assert not calls
+
+
+@pytest.mark.usefixtures("always_pack")
+def test_packed_rows_without_segments_read_grouped_keys_in_place(monkeypatch):
+    """Where segments do not pay off, the packed forward attends over its whole rows with the key / value heads
+    read by their query heads' groups, not copied out per query head: the padded forward's outputs and
+    gradients, and for backward exactly those copies' bytes fewer kept than transformers' own sdpa path."""
+    monkeypatch.setattr(segments, "MAX_COVER", 0.0)  # never segments
+    calls = []
+    whole = segments.whole_rows
+    monkeypatch.setattr(segments, "whole_rows", lambda *a: calls.append(1) or whole(*a))
+    policy = causal_lm("llama", "sdpa")
+    cfg = policy.config
+    ids, mask, P, T, _ = grouped_batch(7, groups=2, group_size=5, common=3)
+    packed = pack_batch(policy, ids, mask, PAD, prompt_width=P)
+    assert packed.segment_plan is None
+    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert len(calls) == 2 * cfg.num_hidden_layers  # the actor-critic's pass and the reference's
+
+    def saved_bytes() -> int:
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            packed.run(policy.model).last_hidden_state.sum().backward()
+        return sum(seen.values())
+
+    ours = saved_bytes()
+    monkeypatch.setattr(type(packed), "_attention", lambda self, model: contextlib.nullcontext())
+    stock = saved_bytes()
+    R, C = packed.input_ids.shape
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    extra_heads = cfg.num_attention_heads - cfg.num_key_value_heads
+    copies = 2 * R * extra_heads * C * head_dim * 4  # keys and values beyond their own heads, fp32
+    assert extra_heads > 0 and stock - ours == cfg.num_hidden_layers * copies

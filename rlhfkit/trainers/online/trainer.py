@@ -99,6 +99,8 @@ class OnlineTrainer:
         value = actor_critic.value_model
         models = [self.policy, self.ref_model, value.backbone if value is not None else None]
         self.pack_sequences = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
+        if self.value_pass_early:  # its gradients wait from the rollout to the step: the embedding's rows only
+            updates.sparse_embedding_grads(self.accelerator.unwrap_model(self.actor_critic).value_model)
         self.advantage_config = ops.AdvantageConfig(
             gamma=self.adv_args.gamma,
             lam=self.adv_args.lam,
@@ -151,9 +153,9 @@ class OnlineTrainer:
         the size (``VALUE_PASS_SPLIT``), so the two networks' activations are never held at once (on
         SmolLM2-135M over 1 GB of a full PPO step's peak; quarter-size value micro-batches hold 0.2 GB less than
         half-size ones, for ~2% more time). The gradients are those of the joint loss: the two networks share no
-        parameters. Where the first pass is reused, the rollout's values come from a forward without gradients
-        and the update runs the value model's forward again. Several processes keep the joint pass (their
-        gradient sync expects one backward per micro-batch)."""
+        parameters. Where the first pass is reused, the value model's part of epoch 1 runs in the rollout
+        (``value_pass_early``). Several processes keep the joint pass (their gradient sync expects one backward
+        per micro-batch)."""
         module = self.accelerator.unwrap_model(self.actor_critic)
         return (
             self.critic_args is not None
@@ -161,6 +163,45 @@ class OnlineTrainer:
             and module.value_model is not None
             and engines.engine(self.accelerator) == "single"
         )
+
+    @property
+    def value_pass_early(self) -> bool:
+        """The value model's pass apart where the first pass is reused, with a built-in critic estimator (whose
+        returns are per row): its epoch-1 forward and backward run in the rollout, a quarter of the rows at a
+        time (``value_pass_first``), so the value model runs forward once a step instead of twice (a forward
+        without gradients for the rollout's values, another with them in the update): epoch 1's minibatch is the
+        whole rollout and the parameters have not moved, so that forward's values are the old values.
+        Its gradients are then held from the rollout to the update's step (the size of its parameters, less the
+        input embedding's: sparse until the step, ``updates.sparse_embedding_grads``)."""
+        return self.value_pass_apart and self.reuses_first_pass and self.adv_args.advantage in CRITIC_ESTIMATORS
+
+    def value_pass_first(self, r: Rollout) -> tuple[Rollout, dict]:
+        """``value_pass_early``: the value model's forward and backward of epoch 1 on rollout ``r`` (values
+        still unset), ``VALUE_PASS_SPLIT`` chunks of rows, each chunk's returns from its own values as the
+        estimator gives them (per row), its value loss scaled by its share of the batch's loss units as in
+        ``train_epochs``. Returns ``r`` with its values and the value loss terms' stats (scaled the same way)."""
+        mask = r.action_mask.float()
+        # the per-token rewards and the loss mask (the values only enter the estimator)
+        plan = self.credit(replace(r, values=torch.zeros_like(mask)), {})
+        units = self.units(plan.loss_mask)
+        B = mask.shape[0]
+        size = max(1, -(-B // VALUE_PASS_SPLIT))
+        values, totals = [], {}
+        for start in range(0, B, size):
+            chunk = plan.select(torch.arange(start, min(start + size, B), device=self.device))
+            ids, attn, chunk_mask = chunk.input_ids, chunk.attention_mask, chunk.action_mask.float()
+            with torch.enable_grad(), self.accelerator.autocast():
+                packed = self.packed(ids, attn, chunk.query_ids.shape[1])
+                v = self.actor_critic(ids, attn, chunk.n_response, packed=packed, part="value")[1] * chunk_mask
+                old = v.detach()
+                _, returns = self.estimate(chunk.rewards, chunk_mask, old)
+                loss, stats = self.value_term(v, replace(chunk, values=old, returns=returns), chunk.loss_mask.float())
+                share = self.share(chunk, units)
+                self.accelerator.backward(loss * share)
+            values.append(old)
+            for key, value in {"loss/total": loss, **stats}.items():
+                totals[key] = totals.get(key, 0.0) + float(value.detach()) * share
+        return replace(r, values=torch.cat(values)), totals
 
     def sample(self, batch: PromptBatch, metrics: dict) -> tuple[dict, RewardBatch]:
         """Step 1: one reply per prompt, or (multi-turn) one conversation per prompt. Returns the rollout's
@@ -199,10 +240,12 @@ class OnlineTrainer:
         return tensors, reward_batch
 
     @torch.no_grad()
-    def make_rollout(self, batch: PromptBatch) -> tuple[Rollout, tuple | None, dict]:
+    def make_rollout(self, batch: PromptBatch) -> tuple[Rollout, Rollout, tuple | None, dict | None, dict]:
         """Steps 1-6 for a batch of prompts, each already repeated G times (rows of a group contiguous).
-        Returns the rollout, the first epoch's forward outputs when they are reused (``reuses_first_pass``;
-        else None), and metrics of the step so far (timings, reward components, zero-std groups)."""
+        Returns this process's rollout, every process's (``gather_rollout``), the first epoch's forward outputs
+        when they are reused (``reuses_first_pass``; else None), the value loss stats of the value model's
+        epoch-1 pass when it ran here (``value_pass_early``; else None), and metrics of the step so far
+        (timings, reward components, zero-std groups)."""
         metrics: dict[str, float] = {}
         step_start = phase_start = time.perf_counter()
         # 1. Generate (multi-turn: play the conversations, tools and environment answering between replies).
@@ -238,7 +281,7 @@ class OnlineTrainer:
                         input_ids, attn, T, self.gen.temperature, True, packed=packed, part=part
                     )
                 logprobs, values = first_pass[0].detach(), _detach(first_pass[1])
-                if part == "policy":
+                if part == "policy" and not self.value_pass_early:
                     values = self.actor_critic(input_ids, attn, T, packed=packed, part="value")[1]
             else:
                 logprobs, values, _ = self.actor_critic(input_ids, attn, T, self.gen.temperature, packed=packed)
@@ -247,7 +290,6 @@ class OnlineTrainer:
         logprobs = logprobs * mask
         ref_logprobs = ref_logprobs * mask if ref_logprobs is not None else None
         values = values * mask if values is not None else None
-        metrics["time/forward_s"] = time.perf_counter() - phase_start
         local = Rollout(
             query_ids=query_ids,
             query_mask=query_mask,
@@ -268,6 +310,10 @@ class OnlineTrainer:
             advantages=torch.zeros_like(mask),
             returns=torch.zeros_like(mask),
         )
+        value_stats = None
+        if first_pass is not None and self.value_pass_early:
+            local, value_stats = self.value_pass_first(local)
+        metrics["time/forward_s"] = time.perf_counter() - phase_start
         # Steps 5-6 need the whole batch (group and batch statistics, whitening): with several processes every
         # rank gathers every rank's rows and computes them exactly as one process would, then keeps its own.
         everyone = self.credit(gather_rollout(self.accelerator, local, self.tokenizer.pad_token_id), metrics)
@@ -284,7 +330,7 @@ class OnlineTrainer:
             returns=mine.returns[:, :T],
         )
         metrics["time/rollout_s"] = time.perf_counter() - step_start
-        return rollout, everyone, first_pass, metrics
+        return rollout, everyone, first_pass, value_stats, metrics
 
     def credit(self, r: Rollout, metrics: dict) -> Rollout:
         """Steps 5-6 on a whole batch: per-token rewards, advantages, returns and the loss mask. Only the
@@ -305,19 +351,23 @@ class OnlineTrainer:
         else:
             rewards = ops.per_token_rewards(last, torch.zeros_like(mask), mask, 0.0) + early
         # 6. Advantages.
-        estimator = ops.get_advantage_estimator(self.adv_args.advantage)
-        order = action_order(mask)
-        if order is None:
-            advantages, returns = estimator(rewards, mask, self.advantage_config, r.values)
-        else:
-            values = r.values.gather(1, order) if r.values is not None else None
-            compact = estimator(rewards.gather(1, order), mask.gather(1, order), self.advantage_config, values)
-            advantages, returns = (torch.zeros_like(x).scatter(1, order, x) for x in compact)
+        advantages, returns = self.estimate(rewards, mask, r.values)
         if self.adv_args.whiten_advantages and self.adv_args.advantage in CRITIC_ESTIMATORS:
             advantages = ops.masked_whiten(advantages, mask) * mask
         loss_mask = self.loss_mask(r.action_mask, r.finished, scores, valid, metrics)
         advantages = advantages * valid.unsqueeze(1).to(advantages.dtype)  # no reward applies: advantage 0
         return replace(r, loss_mask=loss_mask, scores=scores, rewards=rewards, advantages=advantages, returns=returns)
+
+    def estimate(self, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None) -> tuple:
+        """Step 6's estimator on ``[b, T]`` per-token rewards: (advantages, returns), on the policy's tokens
+        ``mask`` only (``action_order``)."""
+        estimator = ops.get_advantage_estimator(self.adv_args.advantage)
+        order = action_order(mask)
+        if order is None:
+            return estimator(rewards, mask, self.advantage_config, values)
+        values = values.gather(1, order) if values is not None else None
+        compact = estimator(rewards.gather(1, order), mask.gather(1, order), self.advantage_config, values)
+        return tuple(torch.zeros_like(x).scatter(1, order, x) for x in compact)
 
     def reward_metrics(self, components: dict[str, torch.Tensor], valid: torch.Tensor) -> dict[str, float]:
         """``reward/<name>`` of each component when there are several (mean where it applies), and the share
@@ -425,9 +475,11 @@ class OnlineTrainer:
         token mean) under a per-sequence aggregation is weighted by rows too."""
         return self.units(micro.loss_mask) * self.accelerator.num_processes / max(minibatch_units, 1.0)
 
-    def train_epochs(self, rollout: Rollout, first_pass: tuple | None = None) -> dict:
+    def train_epochs(self, rollout: Rollout, first_pass: tuple | None = None, value_stats: dict | None = None) -> dict:
         """Epochs over shuffled minibatches. ``first_pass``: the whole rollout's forward outputs
-        (``reuses_first_pass``), which stand in for epoch 1's forward of its single minibatch."""
+        (``reuses_first_pass``), which stand in for epoch 1's forward of its single minibatch; ``value_stats``:
+        the value loss stats of that minibatch's value pass, already run with the rollout (``value_pass_early``:
+        its gradients are in place)."""
         B = rollout.scores.shape[0]
         mb_size = B // self.policy_args.num_minibatches
         micro_size = mb_size // self.cfg.optim.gradient_accumulation_steps
@@ -454,7 +506,10 @@ class OnlineTrainer:
                     return loss * share, {k: v * share for k, v in stats.items()}
 
                 stats = updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn)
-                if apart:  # then the value model's pass, in micro-batches a quarter the size
+                if apart and reuse and value_stats is not None:
+                    for key, value in value_stats.items():
+                        stats[key] = stats.get(key, 0.0) + value
+                elif apart:  # then the value model's pass, in micro-batches a quarter the size
                     part = max(1, -(-micro_size // VALUE_PASS_SPLIT))
                     chunks = [rollout.select(mb_index[i : i + part].to(self.device)) for i in range(0, mb_size, part)]
                     value_stats = updates.accumulate(
@@ -479,13 +534,14 @@ class OnlineTrainer:
         step_start = time.perf_counter()
         # the rate this step's first update uses (as the other trainers log it: the rate of the step, not the next)
         learning_rate = self.scheduler.get_last_lr()[0]
-        rollout, everyone, first_pass, metrics = self.make_rollout(batch)
+        rollout, everyone, first_pass, value_stats, metrics = self.make_rollout(batch)
         if not torch.isfinite(everyone.rewards).all() or not torch.isfinite(everyone.advantages).all():
+            self.optimizer.zero_grad(set_to_none=True)  # a value pass in the rollout left its gradients
             return self._skip("reward")
         if not self.reuses_freed_memory:
             release_freed_memory()  # the teacher-forced passes' activations (all but a reused first pass's)
         phase_start = time.perf_counter()
-        train_stats = self.train_epochs(rollout, first_pass)
+        train_stats = self.train_epochs(rollout, first_pass, value_stats)
         del first_pass
         if "non_finite" in train_stats:
             return self._skip("loss")

@@ -2,7 +2,7 @@
 
 - ``prepare_model(model)``, called by every model loader: swaps in kernels that compute the same function
   faster or in less memory (``kernels.py``): a fused tanh-GELU, a fused fp32 RMSNorm, a SwiGLU MLP that keeps
-  one activation less for backward, and fp32 CPU linear layers through oneDNN where a self-check shows oneDNN
+  two activations less for backward, and fp32 CPU linear layers through oneDNN where a self-check shows oneDNN
   equal to the default path on this CPU and faster at that layer's shape (timed once per machine, the verdicts
   kept under ``~/.cache/rlhfkit``).
 - ``trainable.row_grad_embedding(model)``, called where a trainer builds its optimizer: a tied input embedding

@@ -9,10 +9,12 @@ Fused RMSNorm: Llama / Qwen2 / Qwen3 / Mistral RMSNorm modules normalise with ~6
 ``F.rms_norm`` is one kernel with the same float operations (bitwise equal outputs and gradients in fp32 on the
 CPU), ~2x faster forward + backward at SmolLM2's shape.
 
-SwiGLU MLP: the Llama-family MLP ``down(silu(gate(x)) * up(x))`` keeps three ``[rows, intermediate]`` tensors for
-backward (``gate(x)``, ``silu(gate(x))`` and ``up(x)``); ``swiglu`` keeps two and recomputes the SiLU in its
-backward (one elementwise pass), with the same float operations as autograd's (bitwise equal outputs and
-gradients). At SmolLM2's 1536-wide MLP that is 6 KB per token and layer (~150 MB for a PPO batch of 800 tokens).
+SwiGLU MLP: the Llama-family MLP ``down(silu(gate(x)) * up(x))`` keeps four ``[rows, intermediate]`` tensors for
+backward (``gate(x)``, ``silu(gate(x))``, ``up(x)`` and the product, ``down``'s input); the swapped MLP keeps
+``gate(x)`` and ``up(x)`` only and makes the SiLU and the product again in its backward (two elementwise passes),
+with the same float operations as autograd's (bitwise equal outputs and gradients): ``swiglu`` for the product,
+``swiglu_down`` for the product and a plain ``down`` projection together. At SmolLM2's 1536-wide MLP that is
+12 KB per token and layer (~280 MB for a PPO batch of 780 tokens).
 
 oneDNN fp32 linears: see the section below. Every swap changes module classes in memory only; weights, state-dict
 names and saved configs are untouched. The swaps for the models a trainer optimises are in ``trainable.py``.

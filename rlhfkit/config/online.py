@@ -117,10 +117,10 @@ class CriticArgs:
     value_clip: float | None = 0.2
     """Clip the value update to old value +- this; none disables."""
     value_pass_apart: bool = True
-    """With --value-model, in one process: run the value model's forward and backward after the policy's, in
+    """With --value-model, in one process: run the value model's forward and backward apart from the policy's, in
     quarter-size micro-batches, so the two networks' activations are never held at once (a sixth less peak memory
-    on a 135M model's full PPO step, the same update). Where the rollout's forward is reused (one minibatch) it
-    costs one more forward of the value model per step; false: one joint pass."""
+    on a 135M model's full PPO step, the same update). With one minibatch its first epoch runs with the rollout
+    (one forward of the value model a step, its gradients kept until the update's step); false: one joint pass."""
 
 
 @dataclass

@@ -416,6 +416,8 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "53d252443856 --rows sft,rm,dpo",
     "efe11c2b6ce5 --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "efe11c2b6ce5-dirty --rows sft,rm,dpo",
+    "c57d8daac73b --steps 4 --repeats 3 --rows ppo,ppo-lora,grpo,grpo-lora",
+    "39871de18cf9 --rows sft,rm,dpo",
 ]
 REAL_LABELS = {
     "sft": "sft",
@@ -721,7 +723,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_phases": real_phases,
     "real_gpu": real_gpu,
     "real_profile_floor": lambda: profile_floor(
-        [Run("profile_ppo", REAL_MACHINE, "5c061a8def9b --size smollm2 --steps 5 --threads 2")]
+        [Run("profile_ppo", REAL_MACHINE, "39871de18cf9 --size smollm2 --steps 5 --threads 2")]
     ),
     "profile_parts": profile_parts,
     "profile_floor": profile_floor,

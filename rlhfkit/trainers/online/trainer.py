@@ -175,18 +175,19 @@ class OnlineTrainer:
         input embedding's: sparse until the step, ``updates.sparse_embedding_grads``)."""
         return self.value_pass_apart and self.reuses_first_pass and self.adv_args.advantage in CRITIC_ESTIMATORS
 
-    def value_pass_first(self, r: Rollout) -> tuple[Rollout, dict]:
+    def value_pass_first(self, r: Rollout) -> tuple[Rollout, dict, float]:
         """``value_pass_early``: the value model's forward and backward of epoch 1 on rollout ``r`` (values
         still unset), ``VALUE_PASS_SPLIT`` chunks of rows, each chunk's returns from its own values as the
         estimator gives them (per row), its value loss scaled by its share of the batch's loss units as in
-        ``train_epochs``. Returns ``r`` with its values and the value loss terms' stats (scaled the same way)."""
+        ``train_epochs``. Returns ``r`` with its values, the value loss terms' stats (scaled the same way) and
+        the seconds its backward passes took (update work, timed as such)."""
         mask = r.action_mask.float()
         # the per-token rewards and the loss mask (the values only enter the estimator)
         plan = self.credit(replace(r, values=torch.zeros_like(mask)), {})
         units = self.units(plan.loss_mask)
         B = mask.shape[0]
         size = max(1, -(-B // VALUE_PASS_SPLIT))
-        values, totals = [], {}
+        values, totals, backward_s = [], {}, 0.0
         for start in range(0, B, size):
             chunk = plan.select(torch.arange(start, min(start + size, B), device=self.device))
             ids, attn, chunk_mask = chunk.input_ids, chunk.attention_mask, chunk.action_mask.float()
@@ -197,11 +198,13 @@ class OnlineTrainer:
                 _, returns = self.estimate(chunk.rewards, chunk_mask, old)
                 loss, stats = self.value_term(v, replace(chunk, values=old, returns=returns), chunk.loss_mask.float())
                 share = self.share(chunk, units)
+                start_backward = time.perf_counter()
                 self.accelerator.backward(loss * share)
+                backward_s += time.perf_counter() - start_backward
             values.append(old)
             for key, value in {"loss/total": loss, **stats}.items():
                 totals[key] = totals.get(key, 0.0) + float(value.detach()) * share
-        return replace(r, values=torch.cat(values)), totals
+        return replace(r, values=torch.cat(values)), totals, backward_s
 
     def sample(self, batch: PromptBatch, metrics: dict) -> tuple[dict, RewardBatch]:
         """Step 1: one reply per prompt, or (multi-turn) one conversation per prompt. Returns the rollout's
@@ -310,10 +313,11 @@ class OnlineTrainer:
             advantages=torch.zeros_like(mask),
             returns=torch.zeros_like(mask),
         )
-        value_stats = None
+        value_stats, value_backward_s = None, 0.0
         if first_pass is not None and self.value_pass_early:
-            local, value_stats = self.value_pass_first(local)
-        metrics["time/forward_s"] = time.perf_counter() - phase_start
+            local, value_stats, value_backward_s = self.value_pass_first(local)
+            metrics["time/update_s"] = value_backward_s  # the update's work, done here
+        metrics["time/forward_s"] = time.perf_counter() - phase_start - value_backward_s
         # Steps 5-6 need the whole batch (group and batch statistics, whitening): with several processes every
         # rank gathers every rank's rows and computes them exactly as one process would, then keeps its own.
         everyone = self.credit(gather_rollout(self.accelerator, local, self.tokenizer.pad_token_id), metrics)
@@ -546,7 +550,7 @@ class OnlineTrainer:
         if "non_finite" in train_stats:
             return self._skip("loss")
         self.bad_steps = 0
-        metrics["time/update_s"] = time.perf_counter() - phase_start
+        metrics["time/update_s"] = metrics.get("time/update_s", 0.0) + time.perf_counter() - phase_start
         # 8. Control and log: the experience metrics and beta's update come from the whole batch (the same on
         # every process); the loss terms and timings are averaged over processes.
         metrics = reduce_mean(self.accelerator, {**metrics, **train_stats})

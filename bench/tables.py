@@ -418,6 +418,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "efe11c2b6ce5-dirty --rows sft,rm,dpo",
     "c57d8daac73b --steps 4 --repeats 3 --rows ppo,ppo-lora,grpo,grpo-lora",
     "39871de18cf9 --rows sft,rm,dpo",
+    "219075cf62e1 --steps 4 --repeats 3 --rows ppo",
 ]
 REAL_LABELS = {
     "sft": "sft",

@@ -419,6 +419,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "c57d8daac73b --steps 4 --repeats 3 --rows ppo,ppo-lora,grpo,grpo-lora",
     "39871de18cf9 --rows sft,rm,dpo",
     "219075cf62e1 --steps 4 --repeats 3 --rows ppo",
+    "037bf162e827 --steps 4 --repeats 3 --seed 3 --rows ppo",
 ]
 REAL_LABELS = {
     "sft": "sft",

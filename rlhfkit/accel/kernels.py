@@ -184,8 +184,8 @@ class _SwiGLUDown(torch.autograd.Function):
 
 def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.Tensor:
     """``down(swiglu(gate, up))``; where autograd records it and ``down`` is a plain ``nn.Linear`` (or its oneDNN
-    swap) of ``gate``'s dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps
-    neither ``silu(gate) * up`` nor ``down``'s input for backward (see the module's docstring)."""
+    swap) of ``gate``'s dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps neither
+    ``silu(gate)`` nor the product (``down``'s input) for backward (see the module's docstring)."""
     records = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad or down.weight.requires_grad)
     if (
         not records

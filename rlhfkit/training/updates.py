@@ -109,7 +109,8 @@ def sparse_embedding_grads(model: nn.Module) -> int:
     """Give the input embeddings of ``model`` (plain ``nn.Embedding`` layers) sparse gradients: the looked-up
     rows only, until ``step`` makes them dense (the optimizers take dense gradients). Where a model's gradients
     are held for a while before the step (the value model's in online RL's early value pass), its
-    ``[vocab, hidden]`` gradient then takes no memory until the step. Returns how many layers changed."""
+    ``[vocab, hidden]`` gradient then holds only the looked-up rows until the step. Returns how many layers
+    changed."""
     changed = 0
     for module in model.modules():
         if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:

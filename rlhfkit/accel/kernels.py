@@ -124,10 +124,15 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         gate, up = ctx.saved_tensors
-        # autograd's own backward of silu(gate) * up: the product's two gradients, then SiLU's
-        d_up = grad * F.silu(gate) if ctx.needs_input_grad[1] else None
-        d_gate = torch.ops.aten.silu_backward(grad * up, gate) if ctx.needs_input_grad[0] else None
-        return d_gate, d_up
+        return _swiglu_grads(grad, gate, up, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+
+
+def _swiglu_grads(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, need_gate: bool, need_up: bool):
+    """Autograd's own backward of ``silu(gate) * up``: the product's two gradients, then SiLU's (None where not
+    needed)."""
+    d_up = grad * F.silu(gate) if need_up else None
+    d_gate = torch.ops.aten.silu_backward(grad * up, gate) if need_gate else None
+    return d_gate, d_up
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -176,9 +181,7 @@ class _SwiGLUDown(torch.autograd.Function):
             dx = g.mm(weight)
             dw = g.t().mm(x) if ctx.needs_input_grad[2] else None
         dbias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        dh = dx.view(h.shape)
-        d_up = dh * F.silu(gate) if ctx.needs_input_grad[1] else None  # as _SwiGLU's backward
-        d_gate = torch.ops.aten.silu_backward(dh * up, gate) if ctx.needs_input_grad[0] else None
+        d_gate, d_up = _swiglu_grads(dx.view(h.shape), gate, up, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return d_gate, d_up, dw, dbias, None
 
 

@@ -510,16 +510,18 @@ class OnlineTrainer:
                     return loss * share, {k: v * share for k, v in stats.items()}
 
                 stats = updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn)
-                if apart and reuse and value_stats is not None:
-                    for key, value in value_stats.items():
-                        stats[key] = stats.get(key, 0.0) + value
-                elif apart:  # then the value model's pass, in micro-batches a quarter the size
-                    part = max(1, -(-micro_size // VALUE_PASS_SPLIT))
-                    chunks = [rollout.select(mb_index[i : i + part].to(self.device)) for i in range(0, mb_size, part)]
-                    value_stats = updates.accumulate(
-                        self.accelerator, self.actor_critic, chunks, lambda mb: loss_fn(mb, "value")
-                    )
-                    for key, value in value_stats.items():
+                if apart:  # then the value model's pass, in micro-batches a quarter the size
+                    if reuse and value_stats is not None:  # run with the rollout already
+                        value_part = value_stats
+                    else:
+                        part = max(1, -(-micro_size // VALUE_PASS_SPLIT))
+                        chunks = [
+                            rollout.select(mb_index[i : i + part].to(self.device)) for i in range(0, mb_size, part)
+                        ]
+                        value_part = updates.accumulate(
+                            self.accelerator, self.actor_critic, chunks, lambda mb: loss_fn(mb, "value")
+                        )
+                    for key, value in value_part.items():
                         stats[key] = stats.get(key, 0.0) + value
                 if any_rank(self.accelerator, not math.isfinite(stats["loss/total"])):
                     self.optimizer.zero_grad(set_to_none=True)

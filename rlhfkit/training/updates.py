@@ -48,6 +48,48 @@ def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=optim.learning_rate)
 
 
+def create_optimizer_state(optimizer) -> int:
+    """Have an Adam / AdamW ``optimizer`` (or accelerate's wrapper of one) create its per-parameter state, the
+    moments, now rather than at its first step; returns for how many parameters. Every value is then what the
+    first step would have created: one step with zero gradients, the learning rate and weight decay 0 (moments
+    0, parameters unchanged), then the step counts set back to 0.
+
+    Where freed memory stays in the process's heap (``runtime.keep_freed_memory``), tensors made early sit at
+    its bottom, and the step's short-lived ones reuse the space above them. Made at the first step instead,
+    twice the trainable parameters' size lands in the holes the first step's activations left, and the peak
+    resident size of later steps is higher (about 0.1 GB of a 6.5 GB full PPO step on a 135M model)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
+    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
+        return 0
+    params = [p for g in inner.param_groups for p in g["params"] if p.requires_grad and not inner.state.get(p)]
+    if not params or any(p.grad is not None or type(p.data) is not torch.Tensor for p in params):
+        return 0  # gradients already there, or sharded parameters (FSDP's DTensors): left to the first step
+    zeros = {}  # one read-only zero buffer per dtype and device, shared by every parameter's gradient
+    for p in params:
+        key = (p.dtype, p.device)
+        zeros[key] = max(zeros.get(key, 0), p.numel())
+    zeros = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in zeros.items()}
+    settings = [(g["lr"], g["weight_decay"]) for g in inner.param_groups]
+    try:
+        for p in params:
+            p.grad = zeros[(p.dtype, p.device)][: p.numel()].view_as(p)
+        for g in inner.param_groups:
+            g["lr"], g["weight_decay"] = 0.0, 0.0
+        inner.step()
+    finally:
+        for g, (lr, weight_decay) in zip(inner.param_groups, settings):
+            g["lr"], g["weight_decay"] = lr, weight_decay
+        for p in params:
+            p.grad = None
+    for p in params:
+        state = inner.state[p]
+        if torch.is_tensor(state.get("step")):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
+    return len(params)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, optim, total_steps: int):
     """Linear warm-up from 0 over ``warmup_steps``, then linear/cosine decay to 0, or constant."""
     warmup = optim.warmup_steps

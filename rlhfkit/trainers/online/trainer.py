@@ -94,6 +94,8 @@ class OnlineTrainer:
             self.optimizer, optim_args, session.total_steps * self.updates_per_step
         )
         self.actor_critic, self.optimizer = self.accelerator.prepare(self.actor_critic, self.optimizer)
+        if self.reuses_freed_memory:  # the moments low in the heap, below every step's short-lived tensors
+            updates.create_optimizer_state(self.optimizer)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
         value = actor_critic.value_model

@@ -420,6 +420,8 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "39871de18cf9 --rows sft,rm,dpo",
     "219075cf62e1 --steps 4 --repeats 3 --rows ppo",
     "037bf162e827 --steps 4 --repeats 3 --seed 3 --rows ppo",
+    "809d538e981c --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
+    "809d538e981c --steps 4 --repeats 3 --seed 3 --rows ppo",
 ]
 REAL_LABELS = {
     "sft": "sft",
@@ -435,7 +437,8 @@ REAL_LABELS = {
 def real_rows() -> tuple[dict, dict, list[Run]]:
     """Every row of the real-model runs by row name and framework, as a list of repeats: the runs' seeds together,
     a later run's repeat replacing an earlier one of the same seed; the rlhfkit rows as they were before their
-    first replacement (name -> (run, results)); and the runs."""
+    first replacement (name -> (the first replaced run, the seeds that replacing run replaced, that run)); and
+    the runs."""
     runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
     by_seed: dict = {}
     replaced: dict = {}
@@ -446,7 +449,9 @@ def real_rows() -> tuple[dict, dict, list[Run]]:
                 seeds = by_seed.setdefault(name, {}).setdefault(framework, {})
                 for r in results:
                     if framework == "rlhfkit" and r["seed"] in seeds and (name, r["seed"]) not in again:
-                        replaced.setdefault(name, (seeds[r["seed"]][0], []))[1].append(seeds[r["seed"]][1])
+                        first = replaced.setdefault(name, (seeds[r["seed"]][0], [], run))
+                        if first[2] is run:  # the seeds the first replacing run replaced (later seeds are newer)
+                            first[1].append(seeds[r["seed"]][1])
                         again.add((name, r["seed"]))  # a later run replacing this one again keeps the first
                     seeds[r["seed"]] = (run, r)
     rows = {
@@ -475,7 +480,7 @@ def real_memory() -> list[str]:
         trl_label = f"{rss(trl)} ({trl_name(trl)})" if trl else "not run"
         out.append([label, rss(mine), trl_label, f"**{ratio:.2f}**" if trl else "", *cells])
         if name in replaced:
-            run, before = replaced[name]
+            run, before, _ = replaced[name]
             ratio = statistics.mean(r["peak_rss_mb"] for r in before) / statistics.mean(
                 r["peak_rss_mb"] for r in trl or before
             )

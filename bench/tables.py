@@ -442,17 +442,15 @@ def real_rows() -> tuple[dict, dict, list[Run]]:
     runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
     by_seed: dict = {}
     replaced: dict = {}
-    again: set = set()
     for run in runs:
         for name, by_framework in run["rows"].items():
             for framework, results in by_framework.items():
                 seeds = by_seed.setdefault(name, {}).setdefault(framework, {})
                 for r in results:
-                    if framework == "rlhfkit" and r["seed"] in seeds and (name, r["seed"]) not in again:
+                    if framework == "rlhfkit" and r["seed"] in seeds:
                         first = replaced.setdefault(name, (seeds[r["seed"]][0], [], run))
-                        if first[2] is run:  # the seeds the first replacing run replaced (later seeds are newer)
+                        if first[2] is run:  # only the seeds the first replacing run replaced: later ones are newer
                             first[1].append(seeds[r["seed"]][1])
-                        again.add((name, r["seed"]))  # a later run replacing this one again keeps the first
                     seeds[r["seed"]] = (run, r)
     rows = {
         name: {fw: [r for _, (_, r) in sorted(seeds.items())] for fw, seeds in by_framework.items()}

@@ -64,11 +64,10 @@ def create_optimizer_state(optimizer) -> int:
     params = [p for g in inner.param_groups for p in g["params"] if p.requires_grad and not inner.state.get(p)]
     if not params or any(p.grad is not None or type(p.data) is not torch.Tensor for p in params):
         return 0  # gradients already there, or sharded parameters (FSDP's DTensors): left to the first step
-    zeros = {}  # one read-only zero buffer per dtype and device, shared by every parameter's gradient
+    sizes: dict = {}  # one read-only zero buffer per dtype and device, shared by every parameter's gradient
     for p in params:
-        key = (p.dtype, p.device)
-        zeros[key] = max(zeros.get(key, 0), p.numel())
-    zeros = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in zeros.items()}
+        sizes[p.dtype, p.device] = max(sizes.get((p.dtype, p.device), 0), p.numel())
+    zeros = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
     settings = [(g["lr"], g["weight_decay"]) for g in inner.param_groups]
     try:
         for p in params:

@@ -44,6 +44,11 @@ MAX_BAD_UPDATES = 3  # consecutive non-finite steps before the run stops
 VALUE_PASS_SPLIT = 4  # the value model's pass apart runs in micro-batches this many times smaller
 
 
+def value_chunk_rows(rows: int) -> int:
+    """Rows of each of the value model's micro-batches when its pass runs apart on a batch of ``rows``."""
+    return max(1, -(-rows // VALUE_PASS_SPLIT))
+
+
 class OnlineTrainer:
     """Holds the roles (policy, optional critic, optional reference, rewards) and runs ``step``. Built by
     ``rlhfkit.trainers.online.run.train``; usable from Python too.
@@ -188,7 +193,7 @@ class OnlineTrainer:
         plan = self.credit(replace(r, values=torch.zeros_like(mask)), {})
         units = self.units(plan.loss_mask)
         B = mask.shape[0]
-        size = max(1, -(-B // VALUE_PASS_SPLIT))
+        size = value_chunk_rows(B)
         values, totals, backward_s = [], {}, 0.0
         for start in range(0, B, size):
             chunk = plan.select(torch.arange(start, min(start + size, B), device=self.device))
@@ -516,7 +521,7 @@ class OnlineTrainer:
                     if reuse and value_stats is not None:  # run with the rollout already
                         value_part = value_stats
                     else:
-                        part = max(1, -(-micro_size // VALUE_PASS_SPLIT))
+                        part = value_chunk_rows(micro_size)
                         chunks = [
                             rollout.select(mb_index[i : i + part].to(self.device)) for i in range(0, mb_size, part)
                         ]

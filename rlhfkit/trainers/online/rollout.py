@@ -40,6 +40,7 @@ class Rollout:
     rewards: torch.Tensor  # [B, T] the reward at the last real token (minus beta*KL_t when in the reward)
     advantages: torch.Tensor  # [B, T]
     returns: torch.Tensor  # [B, T] targets of the value function (critic-free: the return, for logging)
+    engine_logprobs: torch.Tensor | None = None  # [B, T] the sampling engine's log-probs (--use-vllm); else None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -80,18 +81,30 @@ def gather_rollout(accelerator, r: Rollout, pad_id: int) -> Rollout:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device):
-    """Sample one response per prompt with the KV cache (``rlhfkit.models.sampling``).
+def generate(model, tokenizer, prompt_ids: list[list[int]], generation, device, engine=None):
+    """Sample one response per prompt with the KV cache (``rlhfkit.models.sampling``), or with ``engine`` (a
+    ``rlhfkit.models.vllm_engine.VLLMEngine``) when given.
 
     Returns ``(query_ids [B, P] left-padded, query_mask, response_ids [B, T] right-padded, response_mask,
     finished)``; a response ends at its first EOS (kept, masked 1), padding after it is masked 0;
     ``finished[i]`` is False for a response cut off at max_new_tokens.
     """
-    responses = sample_responses(model, tokenizer, prompt_ids, generation, len(prompt_ids), device)
+    if engine is None:
+        responses = sample_responses(model, tokenizer, prompt_ids, generation, len(prompt_ids), device)
+    else:
+        responses = engine.sample(model, prompt_ids, generation)
     query_ids, query_mask = pad_with_mask(prompt_ids, tokenizer.pad_token_id, "left", device)
     response_ids, response_mask = pad_with_mask(responses, tokenizer.pad_token_id, "right", device)
     finished = ended_with_stop(responses, stop_token_ids(model, tokenizer))
     return query_ids, query_mask, response_ids, response_mask, finished
+
+
+def padded_logprobs(rows: list[list[float]], device) -> torch.Tensor:
+    """``[B, T]`` float32 per-token log-probs, right-padded with 0 (the layout of ``response_ids``)."""
+    out = torch.zeros(len(rows), max((len(r) for r in rows), default=0), dtype=torch.float32)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out.to(device)
 
 
 def conversation_tensors(convs, pad_id: int, env_weight: float, device) -> dict:

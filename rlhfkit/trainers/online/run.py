@@ -11,9 +11,11 @@ from rlhfkit.config.online import OnlineConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer, model_folder
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.models.sampling import stop_token_ids
+from rlhfkit.models.vllm_engine import VLLMEngine, require_vllm
 from rlhfkit.multiturn.rollout import MultiTurn
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
@@ -72,6 +74,25 @@ def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Mo
     return ActorCritic(policy, value_model, critic=cfg.needs_critic), ref_model
 
 
+def start_engine(cfg: OnlineConfig, policy, tokenizer, session) -> VLLMEngine:
+    """The vLLM engine of --use-vllm, one per process, on the policy's model folder and in the precision the
+    policy runs in; its seed differs per process like the own sampler's draws do."""
+    mixed = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(session.accelerator.mixed_precision))
+    dtype = mixed or next(policy.parameters()).dtype
+    # single-turn: the longest prompt plus a reply; conversations: the model's own limit
+    max_len = None if cfg.multi_turn else cfg.data.max_prompt_length + cfg.generation.max_new_tokens
+    return VLLMEngine.start(
+        model_folder(cfg.model.model),
+        stop_token_ids(policy, tokenizer),
+        cfg.vllm,
+        dtype=dtype,
+        device=session.device,
+        seed=cfg.run.seed + session.ranks.rank,
+        max_model_len=max_len,
+        in_process=session.ranks.world == 1,
+    )
+
+
 def train(cfg: OnlineConfig, scorer=None) -> dict:
     """Run the online-RL algorithm ``cfg`` configures (``PPOConfig``, ``GRPOConfig``, ``RLOOConfig``).
     ``scorer`` replaces the reward model (any object with RewardScorer's ``score(prompts, responses,
@@ -88,6 +109,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
             f"({option('batch_size', cfg.optim.batch_size)} / {option('num_generations', G)})"
         )
     gold = GoldEvaluator.create(cfg.monitor.gold_judge, eval_examples)
+    if cfg.vllm.use_vllm:
+        require_vllm()
     env = bool(cfg.multiturn.env)
     rewards = build_rewards(cfg.reward, cfg.data.data, env=env)  # reward functions, checked now; the model later
 
@@ -115,7 +138,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env) if scorer is not None else rewards
     if ref_model is not None:
         ref_model.to(session.device)
-    trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session, multiturn)
+    engine = start_engine(cfg, actor_critic.policy, tokenizer, session) if cfg.vllm.use_vllm else None
+    trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session, multiturn, engine)
     stream = IndexStream(len(examples), cfg.run.seed)
     resumed = session.restore(trainer.checkpoint_models(), trainer.optimizer) if cfg.run.resume else None
     if resumed is not None:

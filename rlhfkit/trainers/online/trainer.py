@@ -34,7 +34,14 @@ from rlhfkit.multiturn.rollout import MultiTurn, conversation_metrics
 from rlhfkit.trainers.online.policy import ActorCritic
 from rlhfkit.trainers.online.reporting import rollout_metrics
 from rlhfkit.trainers.online.rewards import RewardBatch, Rewards
-from rlhfkit.trainers.online.rollout import Rollout, action_order, conversation_tensors, gather_rollout, generate
+from rlhfkit.trainers.online.rollout import (
+    Rollout,
+    action_order,
+    conversation_tensors,
+    gather_rollout,
+    generate,
+    padded_logprobs,
+)
 from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import any_rank, gather_rows, reduce_mean, reduce_sum
 from rlhfkit.training.runtime import keep_freed_memory, release_freed_memory
@@ -56,7 +63,8 @@ class OnlineTrainer:
     ``ref_model``: the frozen reference, or None: then with LoRA the reference is the policy's backbone
     with its adapters off, and without LoRA there is none (no KL term needs one: ``cfg.needs_reference``).
     ``multiturn``: the tools and environment of multi-turn rollouts (``rlhfkit.multiturn``); None: one reply
-    per prompt.
+    per prompt. ``engine``: a ``rlhfkit.models.vllm_engine.VLLMEngine`` that samples the rollouts (--use-vllm);
+    None: rlhfkit's own sampler.
     """
 
     def __init__(
@@ -68,8 +76,10 @@ class OnlineTrainer:
         tokenizer,
         session,
         multiturn: MultiTurn | None = None,
+        engine=None,
     ):
         self.cfg, self.gen = cfg, cfg.generation
+        self.engine = engine
         self.multiturn = multiturn
         self.last_messages: list | None = None  # the conversations of the last multi-turn rollout (samples)
         # the most policy tokens of a row (the length a Dr. GRPO token sum is normalised by)
@@ -219,7 +229,7 @@ class OnlineTrainer:
         are no turn rewards) and what the rewards read of them."""
         if self.multiturn is None:
             query_ids, query_mask, response_ids, response_mask, finished = generate(
-                self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device
+                self.policy, self.tokenizer, batch.prompt_ids, self.gen, self.device, self.engine
             )
             texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
             ids = [row[: int(n)] for row, n in zip(response_ids.tolist(), response_mask.sum(dim=1).tolist())]
@@ -231,8 +241,15 @@ class OnlineTrainer:
                 "action_mask": response_mask,
                 "turn_rewards": torch.zeros_like(response_mask, dtype=torch.float),
             }
+            if self.engine is not None:
+                metrics.update(self.engine.take_metrics())
+                tensors["engine_logprobs"] = padded_logprobs(self.engine.last_logprobs, self.device)
             return tensors, RewardBatch(batch.prompts, texts, ids, finished, batch.columns, batch.rows)
-        convs = self.multiturn.rollout(self.policy, batch.prompts, batch.rows, batch.columns, self.gen, self.device)
+        convs = self.multiturn.rollout(
+            self.policy, batch.prompts, batch.rows, batch.columns, self.gen, self.device, self.engine
+        )
+        if self.engine is not None:
+            metrics.update(self.engine.take_metrics())
         metrics.update(conversation_metrics(convs))
         self.last_messages = [c.messages for c in convs]
         tensors = conversation_tensors(convs, self.tokenizer.pad_token_id, self.rewards.env_weight, self.device)
@@ -300,6 +317,10 @@ class OnlineTrainer:
         logprobs = logprobs * mask
         ref_logprobs = ref_logprobs * mask if ref_logprobs is not None else None
         values = values * mask if values is not None else None
+        engine_logprobs = t.get("engine_logprobs")
+        if engine_logprobs is not None:  # the sampling engine's view of the same tokens
+            engine_logprobs = engine_logprobs * mask
+            metrics["rollout/logprob_diff"] = float(ops.logprob_gap(logprobs, engine_logprobs, mask))
         local = Rollout(
             query_ids=query_ids,
             query_mask=query_mask,
@@ -319,6 +340,7 @@ class OnlineTrainer:
             rewards=torch.zeros_like(mask),  # rewards, advantages, returns: below
             advantages=torch.zeros_like(mask),
             returns=torch.zeros_like(mask),
+            engine_logprobs=engine_logprobs,
         )
         value_stats, value_backward_s = None, 0.0
         if first_pass is not None and self.value_pass_early:
@@ -439,6 +461,9 @@ class OnlineTrainer:
         per_token, pg_stats = surrogate(
             logprobs, mb.logprobs, mb.advantages, mask, p.clip_eps, clip_eps_high=p.clip_eps_high
         )
+        cap = self.cfg.vllm.vllm_importance_sampling_cap
+        if cap is not None and mb.engine_logprobs is not None:  # the engine sampled: correct toward pi_old
+            per_token = per_token * ops.truncated_importance_weights(mb.logprobs, mb.engine_logprobs, mask, cap)
         pg_loss = self.aggregate(per_token, mask)
         stats = {"loss/policy": pg_loss}
         loss = pg_loss
@@ -559,6 +584,8 @@ class OnlineTrainer:
         if "non_finite" in train_stats:
             return self._skip("loss")
         self.bad_steps = 0
+        if self.engine is not None:
+            self.engine.updated()  # the engine loads the new weights before it samples again
         metrics["time/update_s"] = metrics.get("time/update_s", 0.0) + time.perf_counter() - phase_start
         # 8. Control and log: the experience metrics and beta's update come from the whole batch (the same on
         # every process); the loss terms and timings are averaged over processes.

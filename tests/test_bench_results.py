@@ -53,6 +53,7 @@ def test_every_run_is_filed_under_its_stamp():
         "profile_ppo.json",
         "real_model.json",
         "real_model_gpu.json",
+        "vllm_engine.json",
     ]
     for f in files:
         data = json.loads(f.read_text())

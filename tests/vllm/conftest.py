@@ -9,6 +9,7 @@ lengths, so a brevity reward has something to choose between.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -16,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: `make test-vllm` runs these tests in .venv-vllm")
-
+# every test module of this folder is marked with it
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed: `make test-vllm` runs these tests in .venv-vllm",
+)
 # A small key / value cache (GiB) for the CPU engine: the tests' batches are a few hundred tokens.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -20,7 +20,9 @@ from rlhfkit.models.vllm_engine import VLLMEngine, policy_weights
 from rlhfkit.ops import logprob_gap
 from rlhfkit.trainers.online.rollout import padded_logprobs
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, needs_vllm
+
+pytestmark = needs_vllm
 
 CPU = torch.device("cpu")
 GREEDY = GenerationArgs(max_new_tokens=24, top_k=1)

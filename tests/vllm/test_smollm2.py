@@ -17,6 +17,9 @@ from rlhfkit.models.vllm_engine import VLLMEngine
 from rlhfkit.ops import logprob_gap
 from rlhfkit.trainers.online.rollout import padded_logprobs
 from tests.real.conftest import smollm2_dir, smollm2_gguf  # noqa: F401  (the fixtures)
+from tests.vllm.conftest import needs_vllm
+
+pytestmark = needs_vllm
 
 QUESTIONS = ["What is the capital of France?", "Name a colour.", "Write one word that rhymes with cat.", "Hi!"]
 CPU = torch.device("cpu")

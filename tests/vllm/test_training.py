@@ -8,6 +8,10 @@ import pytest
 
 import rlhfkit
 
+from .conftest import needs_vllm
+
+pytestmark = needs_vllm
+
 RUN = dict(batch_size=16, num_generations=4, max_new_tokens=16, learning_rate=3e-3, seed=0, progress=False)
 
 

@@ -18,7 +18,7 @@ from rlhfkit.multiturn.rollout import MultiTurn
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter
-from rlhfkit.trainers.online.rewards import build_rewards
+from rlhfkit.trainers.online.rewards import TrainerState, build_rewards
 from rlhfkit.trainers.online.trainer import OnlineTrainer, PromptBatch
 from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import gather_objects, per_rank
@@ -89,7 +89,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         )
     gold = GoldEvaluator.create(cfg.monitor.gold_judge, eval_examples)
     env = bool(cfg.multiturn.env)
-    rewards = build_rewards(cfg.reward, cfg.data.data, env=env)  # reward functions, checked now; the model later
+    columns = list(dict.fromkeys(k for ex in examples for k in ex.extra))
+    rewards = build_rewards(cfg.reward, cfg.data.data, env=env, columns=columns)  # functions checked now
 
     # 2. The roles (tools and environment first: they are checked before the models load).
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
@@ -112,7 +113,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         scorer = RewardScorer.load(
             cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
         )
-    rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env) if scorer is not None else rewards
+    rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env, columns) if scorer is not None else rewards
     if ref_model is not None:
         ref_model.to(session.device)
     trainer = OnlineTrainer(cfg, actor_critic, ref_model, rewards, tokenizer, session, multiturn)
@@ -131,6 +132,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         # Every process takes the same prompts from the stream and keeps its own block of them.
         index = ranks.block(stream.take(prompts_per_step))
         batch = PromptBatch(examples, prompt_ids, index, G, first_group=ranks.rank * len(index))
+        rewards.state = TrainerState(global_step=step - 1, max_steps=steps)
         metrics = trainer.step(batch)
         rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):

@@ -246,6 +246,8 @@ class OnlineTrainer:
             batch.rows,
             messages=[c.messages for c in convs],
             env_rewards=[c.env_reward for c in convs],
+            openings=[c.opening for c in convs],
+            conversation_ids=[c.ids for c in convs],
         )
         return tensors, reward_batch
 

@@ -108,6 +108,9 @@ Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on batches where it is estimat
 class GenerationArgs:
     max_new_tokens: int = 32
     """Most tokens sampled per response; sampling stops early at EOS."""
+    truncate_prompts: bool = False
+    """Keep the last --max-prompt-length tokens of a longer prompt (a note at the start counts them); false: a
+    prompt longer than --max-prompt-length stops the run, saying how many there are and the longest."""
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     top_k: int = 0

@@ -90,6 +90,23 @@ def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):
     return model
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def position_limit(path: str) -> tuple[int, str] | None:
+    """The most positions the model at ``path`` reads, and the config.json key that says so (a multimodal
+    model's ``text_config`` included); None when its config names no limit."""
+    config = json.loads((Path(model_folder(path)) / "config.json").read_text(encoding="utf-8"))
+    for part in (config, config.get("text_config") if isinstance(config, dict) else None):
+        if not isinstance(part, dict):
+            continue
+        for key in POSITION_KEYS:
+            value = part.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, key
+    return None
+
+
 def architectures(path: str) -> list[str]:
     """The model classes a checked model directory's config.json names (``architectures``)."""
     config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))

@@ -49,4 +49,8 @@ def trust_remote_code() -> Any:
 
 
 def max_prompt_length(default: int = 128) -> Any:
-    return option(default, "Longest prompt in tokens; longer prompts keep their last tokens.")
+    return option(
+        default,
+        "Longest prompt in tokens. A prompt to sample from (ppo, grpo, rloo, generate, eval) that is longer stops "
+        "the run unless --truncate-prompts; elsewhere (sft, rm, dpo, score) a longer prompt keeps its last tokens.",
+    )

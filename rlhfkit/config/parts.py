@@ -42,7 +42,8 @@ class DataArgs:
     """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo: the held-out prompts
     that --gold-judge scores every --gold-steps)."""
     max_length: int = 256
-    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start)."""
+    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start) and
+    counted in a note at the start."""
     max_prompt_length: int = options.max_prompt_length()
 
 

@@ -78,6 +78,19 @@ def test_a_long_prompt_stops_the_command_before_any_weights_load(tiny_model_dir,
     )
 
 
+def test_truncate_prompts_lets_the_command_run_on_the_prompts_last_tokens(tiny_model_dir, tmp_path, capsys):
+    prompts = prompts_of([3, 60])
+    data = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": p} for p in prompts])
+    out = tmp_path / "out.jsonl"
+    code, _, err = run_cli(
+        capsys, "generate", "--model", tiny_model_dir, "--data", data, "--output", out, "--max-prompt-length", 16,
+        "--max-new-tokens", 4, "--truncate-prompts",
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"note: {data}: 1 of 2 prompts are longer than --max-prompt-length 16 tokens (the longest: row 2" in err
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == prompts
+
+
 def test_a_prompt_and_its_new_tokens_past_the_models_positions_stop_the_run(
     tiny_model_dir, tmp_path, capsys, no_weights
 ):

@@ -50,3 +50,20 @@ def trust_remote_code() -> Any:
 
 def max_prompt_length(default: int = 128) -> Any:
     return option(default, "Longest prompt in tokens; longer prompts keep their last tokens.")
+
+
+def accel() -> Any:
+    from rlhfkit.accel import mode_from_environment
+
+    return dataclasses.field(
+        default_factory=mode_from_environment,
+        metadata={
+            "doc": "The performance code: 'auto' turns on what applies on the device the run computes on (the CPU: "
+            "packed sequences, kernel swaps, oneDNN linear layers, the lean decode step, block-wise vocabulary "
+            "log-probs, the kept heap, the value model's passes apart; a GPU: the kernel swaps, the lean decode "
+            "step and the block-wise log-probs, batches padded on its fused attention kernels); 'off' runs plain "
+            "transformers, with the same results up to float rounding. The default is 'off' where the environment "
+            "sets RLHFKIT_ACCEL=0, else 'auto'; the finer options (--pack-sequences, --value-pass-apart, "
+            "--compile-decode) apply only under 'auto'."
+        },
+    )

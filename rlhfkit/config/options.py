@@ -58,12 +58,10 @@ def accel() -> Any:
     return dataclasses.field(
         default_factory=mode_from_environment,
         metadata={
-            "doc": "The performance code: 'auto' turns on what applies on the device the run computes on (the CPU: "
-            "packed sequences, kernel swaps, oneDNN linear layers, the lean decode step, block-wise vocabulary "
-            "log-probs, the kept heap, the value model's passes apart; a GPU: the kernel swaps, the lean decode "
-            "step and the block-wise log-probs, batches padded on its fused attention kernels); 'off' runs plain "
-            "transformers, with the same results up to float rounding. The default is 'off' where the environment "
-            "sets RLHFKIT_ACCEL=0, else 'auto'; the finer options (--pack-sequences, --value-pass-apart, "
-            "--compile-decode) apply only under 'auto'."
+            "doc": "The performance code: 'auto' turns on what applies on the device the run computes on (on the "
+            "CPU all of it; on a GPU the kernel swaps, the lean decode step and the block-wise vocabulary log-probs, "
+            "batches padded); 'off' runs plain transformers and rlhfkit.ops, with the same results up to float "
+            "rounding. Default: 'off' where RLHFKIT_ACCEL=0 is set, else 'auto'. --pack-sequences, "
+            "--value-pass-apart and --compile-decode apply under 'auto' only."
         },
     )

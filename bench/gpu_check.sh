@@ -11,8 +11,12 @@ import importlib.util, sys
 import torch
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"
       + (f" ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else ""))
-needed = ["transformers", "peft", "accelerate", "safetensors", "yaml", "tqdm", "tensorboard", "pytest"]
+needed = ["transformers", "peft", "accelerate", "safetensors", "yaml", "tqdm", "pytest"]
 missing = [m for m in needed if importlib.util.find_spec(m) is None]
+try:
+    import torch.utils.tensorboard  # the training logger's writer
+except ImportError:
+    missing.append("tensorboard")
 if missing:
     sys.exit(f"missing Python packages: {', '.join(missing)}")
 if not torch.cuda.is_available():

@@ -102,8 +102,8 @@ def convert(leaf: Leaf, value: Any) -> Any:
         raise ValueError("must have a value, got null")
     if typing.get_origin(tp) is Literal:
         choices = typing.get_args(tp)
-        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` as a boolean
-            value = {False: "no", True: "yes"}[value]
+        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` / `off` as a boolean
+            value = {False: "off" if "off" in choices and "no" not in choices else "no", True: "yes"}[value]
         if value not in choices:
             raise ValueError(f"must be one of {', '.join(map(str, choices))}, got {value!r}")
         return value

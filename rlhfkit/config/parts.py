@@ -95,6 +95,7 @@ class RunArgs:
     progress: bool = True
     """Show a progress bar."""
     dist_timeout: int = options.dist_timeout()
+    accel: Literal["auto", "off"] = options.accel()
 
 
 @dataclass
@@ -102,7 +103,8 @@ class PackingArgs:
     pack_sequences: bool = True
     """Run teacher-forced passes (forward/backward, log-probs, values, reward scores) on packed rows: several
 sequences per row with block-diagonal attention instead of padding; same results, fewer positions. For GPT-2,
-Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on batches where it is estimated cheaper; false: padded."""
+Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on the CPU under --accel auto, on batches where it is estimated
+cheaper; false: padded."""
 
 
 @dataclass
@@ -121,4 +123,4 @@ class GenerationArgs:
     compile_decode: bool = False
     """Compile the one-token decode step with torch.compile (GPT-2, Llama, Qwen2): tens of seconds to compile once
 per process, then faster sampling where the step is dispatch-bound (small models on CPU); no gain for a model
-whose step is its matmuls. Samples match the eager step's up to float rounding."""
+whose step is its matmuls. Samples match the eager step's up to float rounding. Applies under --accel auto only."""

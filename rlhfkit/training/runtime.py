@@ -15,7 +15,8 @@ from rlhfkit.training import engines
 
 
 def make_accelerator(run):
-    """An ``Accelerator`` for ``run`` (a RunArgs). 'auto' precision is bf16 on a GPU that has it.
+    """An ``Accelerator`` for ``run`` (a RunArgs) with its --report-to trackers (not started yet: see
+    ``trackers.start``). 'auto' precision is bf16 on a GPU that has it.
 
     Gradient accumulation is done by the trainers' step loop (see ``optim.accumulate``), not by
     accelerate, because its per-micro-batch loss division is only right for equal token counts.
@@ -23,12 +24,17 @@ def make_accelerator(run):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
+    from rlhfkit.training import trackers
+
     check_processes_per_gpu(run.cpu)
     precision = run.mixed_precision
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
-    accelerator = Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+    log_with = trackers.build(trackers.tracker_names(run.report_to), run)
+    accelerator = Accelerator(
+        mixed_precision=precision, cpu=_cpu(run.cpu), log_with=log_with or None, kwargs_handlers=[timeout]
+    )
     engines.use_fsdp_on_cpu(accelerator)
     return accelerator
 

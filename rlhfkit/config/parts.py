@@ -82,7 +82,7 @@ class RunArgs:
     """Experiment trackers that get the logged metrics and the run's options (metrics.jsonl is written in any
     case): tensorboard (to OUT/tensorboard/), wandb, trackio, mlflow; several at once (--report-to wandb
     tensorboard, or wandb,tensorboard), all (every one installed) or none. wandb, trackio and mlflow are
-    installed apart: pip install 'rlhfkit[wandb]' (or [trackio], [mlflow])."""
+    installed apart: pip install 'rlhfkit[wandb]' (or [trackio], [mlflow]); see docs/trackers.md."""
     project: str = ""
     """The trackers' project (mlflow: experiment); unset: WANDB_PROJECT or MLFLOW_EXPERIMENT_NAME when set, else
     rlhfkit."""

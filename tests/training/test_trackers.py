@@ -170,6 +170,36 @@ def test_tensorboard_by_default_gets_every_metric_and_the_options(tiny_model_dir
     assert hparams["run_name"] == "run" and hparams["report_to"] == "tensorboard"
 
 
+def shorter(prompts, completions, **columns):
+    return [-len(c) / 20 for c in completions]
+
+
+def test_grpo_sends_its_metrics_and_sampled_completions_to_tensorboard(tiny_model_dir, tmp_path):
+    out = tmp_path / "grpo"
+    prompts = [{"prompt": r["prompt"]} for r in sft_rows(16)]
+    rlhfkit.grpo(model=str(tiny_model_dir), data=prompts, reward_fns=[shorter], output_dir=out, max_steps=2,
+                 batch_size=8, num_generations=4, max_new_tokens=6, progress=False)  # fmt: skip
+    rows = metrics(out)
+    scalars, hparams = tensorboard_scalars_and_hparams(out / "tensorboard")
+    assert_same_metrics(rows, scalars, rel=1e-6)
+    assert "reward/score" in scalars and hparams["num_generations"] == 4
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    texts = tensorboard_texts(out / "tensorboard", "samples")
+    assert sorted(texts) == sorted({s["step"] for s in samples}) and samples[0]["prompt"] in texts[samples[0]["step"]]
+
+
+def tensorboard_texts(folder: Path, tag: str) -> dict[int, str]:
+    """The markdown text logged under ``tag``, by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {
+        e.step: tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in events.Tensors(f"{tag}/text_summary")
+    }
+
+
 def test_report_to_none_writes_metrics_jsonl_only(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     rlhfkit.sft(model=str(tiny_model_dir), data=sft_rows(16), output_dir=out, max_steps=2, batch_size=4,

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rlhfkit.errors import UserError, option
-from rlhfkit.training import engines
+from rlhfkit.training import engines, trackers
 
 
 def make_accelerator(run):
@@ -23,8 +23,6 @@ def make_accelerator(run):
     """
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
-
-    from rlhfkit.training import trackers
 
     check_processes_per_gpu(run.cpu)
     precision = run.mixed_precision

@@ -24,7 +24,7 @@ from rlhfkit.config.parse import parse_config, part_names
 from rlhfkit.errors import UserError
 from rlhfkit.training import trackers
 
-from ..helpers import metrics, run_cli, sft_args, sft_rows, write_jsonl
+from ..helpers import launch, metrics, run_cli, sft_args, sft_rows, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = ("wandb", "trackio", "mlflow")  # the trackers with their own store, run together in one training
@@ -198,6 +198,16 @@ def tensorboard_texts(folder: Path, tag: str) -> dict[int, str]:
     return {
         e.step: tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in events.Tensors(f"{tag}/text_summary")
     }
+
+
+def test_with_two_processes_only_the_main_one_writes_to_the_trackers(tiny_model_dir, tmp_path):
+    data = write_jsonl(tmp_path / "train.jsonl", sft_rows(32))
+    out = tmp_path / "run"
+    done = launch(sft_args(tiny_model_dir, data, out, max_steps=3, batch_size=4) + ["--cpu"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1  # one writer, not one per process
+    scalars, _ = tensorboard_scalars_and_hparams(out / "tensorboard")
+    assert_same_metrics(metrics(out), scalars, rel=1e-6)
 
 
 def test_report_to_none_writes_metrics_jsonl_only(tiny_model_dir, tmp_path):

@@ -224,8 +224,8 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
         flags = [dashed] if dashed == under else [dashed, under]
         default = "required" if leaf.name in required else f"default: {leaf.default!r}"
         kwargs: dict[str, Any] = {"dest": leaf.name, "help": f"{leaf.doc} ({default})"}
-        if _list_item_type(tp) is str:  # repeatable: --reward-fn a.py:f --reward-fn b.py:g
-            kwargs.update(action="append", metavar="STR")
+        if _list_item_type(tp) is str:  # --reward-fn a.py:f b.py:g, or repeated: --reward-fn a.py:f --reward-fn b.py:g
+            kwargs.update(action="extend", nargs="+", metavar="STR")
         elif _list_item_type(tp) is float:
             kwargs["metavar"] = "FLOAT,FLOAT,..."
         elif tp is bool:
@@ -329,6 +329,11 @@ def _describe(value: Any) -> Any:
 
 def _is_function(value: Any) -> bool:
     return callable(value) and not isinstance(value, str)
+
+
+def described_options(config: Any) -> dict[str, Any]:
+    """``flat_dict`` with Python callables (given through the Python API) named as ``config.yaml`` records them."""
+    return {name: _describe(value) for name, value in flat_dict(config).items()}
 
 
 def save_config(config: Any, output_dir: str | Path) -> Path:

@@ -8,7 +8,7 @@ Options that several parts share (seed, cpu, batch size, trust-remote-code, prom
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhfkit.config import options
@@ -79,6 +79,16 @@ class RunArgs:
     seed: int = options.seed()
     logging_steps: int = 1
     """Log metrics every N steps."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers that get the logged metrics and the run's options (metrics.jsonl is written in any
+    case): tensorboard (to OUT/tensorboard/), wandb, trackio, mlflow; several at once (--report-to wandb
+    tensorboard, or wandb,tensorboard), all (every one installed) or none. wandb, trackio and mlflow are
+    installed apart: pip install 'rlhfkit[wandb]' (or [trackio], [mlflow]); see docs/trackers.md."""
+    project: str = ""
+    """The trackers' project (mlflow: experiment); unset: WANDB_PROJECT or MLFLOW_EXPERIMENT_NAME when set, else
+    rlhfkit."""
+    run_name: str = ""
+    """The run's name in the trackers; unset: the --output-dir folder's name."""
     eval_steps: int = 0
     """Evaluate on --eval-data every N steps (0: only at the end)."""
     save_steps: int = 0

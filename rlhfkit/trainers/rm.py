@@ -37,7 +37,7 @@ from rlhfkit.models.reward import (
     sequence_scores,
 )
 from rlhfkit.ops import bradley_terry_loss
-from rlhfkit.training import engines
+from rlhfkit.training import engines, trackers
 from rlhfkit.training.batches import chunks
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
@@ -178,12 +178,14 @@ def train(cfg: RMConfig) -> dict:
 
 
 def _member_config(cfg: RMConfig, i: int) -> RMConfig:
-    """Member i: seed + i, in OUT (i = 0) or OUT/member-i, resuming only if it has a checkpoint."""
+    """Member i: seed + i, in OUT (i = 0) or OUT/member-i, resuming only if it has a checkpoint; in the trackers
+    the run RUN_NAME-member-i."""
     if i == 0:
         return cfg
     out = Path(cfg.run.output_dir) / f"member-{i}"
     resume = cfg.run.resume and Checkpointer(out).latest() is not None
-    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume)
+    name = f"{trackers.run_name(cfg.run)}-member-{i}"
+    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume, run_name=name)
     return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
 
 

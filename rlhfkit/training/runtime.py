@@ -11,11 +11,12 @@ import numpy as np
 import torch
 
 from rlhfkit.errors import UserError, option
-from rlhfkit.training import engines
+from rlhfkit.training import engines, trackers
 
 
 def make_accelerator(run):
-    """An ``Accelerator`` for ``run`` (a RunArgs). 'auto' precision is bf16 on a GPU that has it.
+    """An ``Accelerator`` for ``run`` (a RunArgs) with its --report-to trackers (not started yet: see
+    ``trackers.start``). 'auto' precision is bf16 on a GPU that has it.
 
     Gradient accumulation is done by the trainers' step loop (see ``optim.accumulate``), not by
     accelerate, because its per-micro-batch loss division is only right for equal token counts.
@@ -28,7 +29,10 @@ def make_accelerator(run):
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
-    accelerator = Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+    log_with = trackers.build(trackers.tracker_names(run.report_to), run)
+    accelerator = Accelerator(
+        mixed_precision=precision, cpu=_cpu(run.cpu), log_with=log_with or None, kwargs_handlers=[timeout]
+    )
     engines.use_fsdp_on_cpu(accelerator)
     return accelerator
 

@@ -250,7 +250,7 @@ def measure_matmul_rate(s: dict, rows: int, repeats: int = 20, default_path: boo
     """GFLOP/s of the model's matmuls (qkv, out, MLP up/down, LM head) on ``rows`` token rows, current threads,
     through the path rlhfkit's linear layers take (oneDNN for fp32 on CPU where available: models/kernels.py),
     or with ``default_path`` through torch.matmul (MKL on x86)."""
-    from rlhfkit.accel.kernels import linear_matmul
+    from rlhfkit.accel.onednn import linear_matmul
 
     def product(a, b):
         out = None if default_path else linear_matmul(a, b, None)

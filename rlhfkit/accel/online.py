@@ -2,10 +2,12 @@
 
 ``OnlineAccel`` is made once by ``rlhfkit.trainers.online.trainer.OnlineTrainer``, which calls it at fixed points
 of its step: ``prepare`` (once, after the optimizer is built), ``after_sampling`` and ``after_rollout``; and it
-reads ``value_pass`` to know how the value model's passes run. With ``rlhfkit.accel.enabled()`` False it does
-nothing special: the heap is left to the allocator and the value model runs in one pass with the policy.
+reads ``value_pass`` to know how the value model's passes run. It applies what ``rlhfkit.accel.choices(device)``
+lists for the run's device (``kept_heap``, ``value_pass_apart``: the CPU's, under ``--accel auto``); under
+``--accel off``, or where they do not apply, it does nothing special: the heap is left to the allocator and the
+value model runs in one pass with the policy.
 
-What it does when on:
+What it does where they apply:
 - On the CPU, glibc's malloc keeps the memory freed tensors leave for the next tensors
   (``keep_freed_memory``), and the optimizer's moments are made before the first step, at the bottom of the
   kept heap (``create_optimizer_state``); where the heap cannot be kept, its free pages are handed back
@@ -28,7 +30,7 @@ from enum import Enum
 import torch
 from torch import nn
 
-from rlhfkit.accel import enabled
+from rlhfkit.accel import choices, enabled
 
 VALUE_PASS_SPLIT = 4  # the value model's pass apart runs in micro-batches this many times smaller
 
@@ -76,12 +78,12 @@ class OnlineAccel:
         first_pass_reused: bool,
         critic: bool,
     ):
-        on = enabled()
-        self.keeps_heap = on and device.type == "cpu" and keep_freed_memory()
-        self.trims_heap = on and device.type == "cpu" and not self.keeps_heap
+        chosen = choices(device)
+        self.keeps_heap = chosen.kept_heap and keep_freed_memory()
+        self.trims_heap = chosen.kept_heap and not self.keeps_heap
         self.value_model = value_model
         self.value_pass = ValuePass.JOINT
-        if on and value_pass_apart and value_model is not None and single_process:
+        if chosen.value_pass_apart and value_pass_apart and value_model is not None and single_process:
             self.value_pass = ValuePass.IN_ROLLOUT if first_pass_reused and critic else ValuePass.APART
 
     @property

@@ -48,10 +48,11 @@ class OnlineRewardArgs:
     reward_model: str = ""
     """Reward model directory (AutoModelForSequenceClassification with one label), made by `rlhfkit rm`."""
     reward_fn: list[str] = field(default_factory=list)
-    """A Python reward function, FILE.py:NAME, called as fn(prompts, completions, **columns) -> list[float | None]
-    (TRL's signature; the prompt rows' other columns and completion_ids come as keyword lists), or the name of a
-    built-in task's reward (e.g. 'support' for its gold judge, 'arithmetic' for exact answers). Repeat the flag
-    for several; with --reward-model too, the rewards are summed with --reward-weights."""
+    """A Python reward function, FILE.py:NAME, called as TRL calls one: fn(prompts=, completions=,
+    completion_ids=, trainer_state=, **columns) -> list[float | None] (the prompt rows' other columns by name;
+    a chat prompt's completions are message lists), or the name of a built-in task's reward (e.g. 'support' for
+    its gold judge, 'arithmetic' for exact answers). Repeat the flag for several; with --reward-model too, the
+    rewards are summed with --reward-weights."""
     reward_weights: list[float] = field(default_factory=list)
     """Weights of the rewards, comma-separated, in the order: --reward-model (if given), then each --reward-fn;
     empty: all 1."""

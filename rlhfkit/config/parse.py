@@ -102,8 +102,8 @@ def convert(leaf: Leaf, value: Any) -> Any:
         raise ValueError("must have a value, got null")
     allowed = choices(tp)
     if allowed is not None:
-        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` as a boolean
-            value = {False: "no", True: "yes"}[value]
+        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` / `off` as a boolean
+            value = {False: "off" if "off" in allowed and "no" not in allowed else "no", True: "yes"}[value]
         if value not in allowed:
             raise ValueError(f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
         return value

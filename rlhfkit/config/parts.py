@@ -42,7 +42,8 @@ class DataArgs:
     """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo: the held-out prompts
     that --gold-judge scores every --gold-steps)."""
     max_length: int = 256
-    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start)."""
+    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start) and
+    counted in a note at the start."""
     max_prompt_length: int = options.max_prompt_length()
 
 
@@ -94,6 +95,7 @@ class RunArgs:
     progress: bool = True
     """Show a progress bar."""
     dist_timeout: int = options.dist_timeout()
+    accel: Literal["auto", "off"] = options.accel()
 
 
 @dataclass
@@ -101,13 +103,17 @@ class PackingArgs:
     pack_sequences: bool = True
     """Run teacher-forced passes (forward/backward, log-probs, values, reward scores) on packed rows: several
 sequences per row with block-diagonal attention instead of padding; same results, fewer positions. For GPT-2,
-Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on batches where it is estimated cheaper; false: padded."""
+Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on the CPU under --accel auto, on batches where it is estimated
+cheaper; false: padded."""
 
 
 @dataclass
 class GenerationArgs:
     max_new_tokens: int = 32
     """Most tokens sampled per response; sampling stops early at EOS."""
+    truncate_prompts: bool = False
+    """Keep the last --max-prompt-length tokens of a longer prompt (a note at the start counts them); false: a
+    prompt longer than --max-prompt-length stops the run, saying how many there are and the longest."""
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     top_k: int = 0
@@ -117,4 +123,4 @@ class GenerationArgs:
     compile_decode: bool = False
     """Compile the one-token decode step with torch.compile (GPT-2, Llama, Qwen2): tens of seconds to compile once
 per process, then faster sampling where the step is dispatch-bound (small models on CPU); no gain for a model
-whose step is its matmuls. Samples match the eager step's up to float rounding."""
+whose step is its matmuls. Samples match the eager step's up to float rounding. Applies under --accel auto only."""

@@ -14,11 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import vocab_chunks
 from .aggregation import aggregate_loss
 from .kl import kl_penalty
 from .stats import masked_mean
-from .vocab_chunks import chunked_entropy
 
 
 class PolicyLossFn(Protocol):
@@ -307,12 +305,9 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
         H = −Σ_v p_v·log p_v,  p = softmax(logits), log p = log_softmax(logits)
     log_softmax keeps it stable for large logits; tokens with p = 0 (logit −inf, e.g. after
-    top-k filtering) contribute 0 rather than NaN. Logits of more than ``CHUNK_ELEMENTS`` entries (a real
-    vocabulary) go block by block (``chunked_entropy``): the same values and gradients, in float32, without
-    the four ``[B, T, V]`` temporaries of the plain formula.
+    top-k filtering) contribute 0 rather than NaN. At a real vocabulary ``chunked_entropy`` gives the same
+    values and gradients, in float32, without the four ``[B, T, V]`` temporaries of this formula.
     """
-    if logits.numel() > vocab_chunks.CHUNK_ELEMENTS and logits.dtype != torch.float64:
-        return chunked_entropy(logits)
     log_probs = F.log_softmax(logits, dim=-1)
     probs = log_probs.exp()
     # Zero the −inf log-probs before multiplying: 0·(−inf) would be NaN in the value and the gradient.

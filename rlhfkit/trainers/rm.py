@@ -25,6 +25,7 @@ from accelerate import PartialState
 from rlhfkit.config.commands import RMConfig
 from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
+from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.reward import (
@@ -68,8 +69,12 @@ class PairBatch:
         return self.margin.shape[0]
 
 
-def encode_all(tokenizer, examples: list[PreferenceExample], data_args) -> Pairs:
+def encode_all(tokenizer, examples: list[PreferenceExample], data_args, path: str = "", model: str = "") -> Pairs:
+    """The pairs' ids; with ``path`` and ``model``, the rows cut to fit --max-length are counted in a note and
+    one longer than the model's positions stops the run (``rlhfkit.data.lengths.report_rows``)."""
     pairs = [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+    if path and model:
+        report_pair_rows(pairs, path, data_args, model)
     return Pairs([c for c, _ in pairs], [r for _, r in pairs], [ex.margin or 0.0 for ex in examples])
 
 
@@ -191,10 +196,11 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     # 1. Model (the new head's initialisation depends on the seed), tokenizer, encoded pairs.
     seed_everything(cfg.run.seed)
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    train_pairs = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data, cfg.model.model)
+    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
+    eval_pairs = eval_pairs if eval_examples else None
     model = build_reward_model(cfg.model.model, tokenizer, cfg.model.trust_remote_code)
     disable_dropout(model)
-    train_pairs = encode_all(tokenizer, train_examples, cfg.data)
-    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 

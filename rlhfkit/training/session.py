@@ -18,7 +18,6 @@ from rlhfkit.config.parse import save_config
 from rlhfkit.config.parts import OptimArgs, RunArgs
 from rlhfkit.errors import Preempted, UserError, option
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.ops import vocab_chunks
 from rlhfkit.training import engines, updates
 from rlhfkit.training.checkpoint import SHARDS, Checkpointer, rng_state, set_rng_state
 from rlhfkit.training.distributed import Ranks, ranks_of
@@ -129,7 +128,9 @@ class Session:
     def close(self) -> None:
         self.stop.__exit__()
         self.logger.close()
-        vocab_chunks.release_blocks()  # the LM head's kept blocks
+        from rlhfkit.accel.vocab import release_blocks
+
+        release_blocks()  # the LM head's kept blocks
 
     def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
         """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by

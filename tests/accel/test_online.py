@@ -24,7 +24,8 @@ def _accel(device=CPU, **overrides) -> OnlineAccel:
 
 @pytest.fixture
 def heap(monkeypatch) -> list:
-    """Records the heap calls instead of changing this process's allocator."""
+    """Records the heap calls instead of changing this process's allocator; the switch on."""
+    monkeypatch.delenv("RLHFKIT_ACCEL", raising=False)
     calls = []
     monkeypatch.setattr(online, "keep_freed_memory", lambda: calls.append("keep") or True)
     monkeypatch.setattr(online, "release_freed_memory", lambda: calls.append("release"))
@@ -33,7 +34,7 @@ def heap(monkeypatch) -> list:
 
 
 def test_off_arranges_nothing(monkeypatch, heap):
-    monkeypatch.setattr(online, "enabled", lambda: False)
+    monkeypatch.setenv("RLHFKIT_ACCEL", "0")
     accel = _accel()
     assert accel.value_pass is ValuePass.JOINT and not accel.keeps_heap and not accel.trims_heap
     assert accel.update_passes(8, value_done=False) == [(Networks.ALL, 8)]
@@ -72,8 +73,12 @@ def test_the_value_pass_arrangement(heap, overrides, expected):
     assert _accel(**overrides).value_pass is expected
 
 
-def test_the_heap_is_trimmed_where_it_cannot_be_kept_and_left_alone_off_the_cpu(monkeypatch, heap):
-    assert not _accel(torch.device("meta")).keeps_heap and heap == []  # not a CPU run: the heap is not touched
+def test_off_the_cpu_the_heap_is_left_alone_and_the_value_pass_joint(heap):
+    accel = _accel(torch.device("meta"))  # not a CPU run
+    assert not accel.keeps_heap and not accel.trims_heap and accel.value_pass is ValuePass.JOINT and heap == []
+
+
+def test_the_heap_is_trimmed_where_it_cannot_be_kept(monkeypatch, heap):
     monkeypatch.setattr(online, "keep_freed_memory", lambda: False)
     accel = _accel()
     accel.after_sampling()

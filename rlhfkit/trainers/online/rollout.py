@@ -158,6 +158,8 @@ def sample(
         batch.rows,
         messages=[c.messages for c in convs],
         env_rewards=[c.env_reward for c in convs],
+        openings=[c.opening for c in convs],
+        conversation_ids=[c.ids for c in convs],
     )
     completions = conversation_tensors(convs, tokenizer.pad_token_id, env_weight, device)
     return Sample(completions, reward_batch, [c.messages for c in convs], conversation_metrics(convs))

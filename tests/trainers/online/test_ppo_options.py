@@ -208,18 +208,17 @@ def test_the_lm_head_taken_block_by_block_gives_the_same_update(thanks_task, tmp
     (``response_token_stats`` without logits), PPO logs the same metrics and reaches the same weights."""
     from safetensors.torch import load_file
 
-    from rlhfkit.models import forward
-    from rlhfkit.ops import vocab_chunks
+    from rlhfkit.accel import vocab
 
     model, prompts = thanks_task
     args = f"--model {model} --data {prompts} --max-steps 2 --lora-r {lora} --learning-rate 1e-3 {BASE}"
     fused_calls = []
-    head_logprobs = forward.head_logprobs
-    monkeypatch.setattr(forward, "head_logprobs", lambda *a, **k: fused_calls.append(1) or head_logprobs(*a, **k))
+    head_logprobs = vocab.head_logprobs
+    monkeypatch.setattr(vocab, "head_logprobs", lambda *a, **k: fused_calls.append(1) or head_logprobs(*a, **k))
     results = []
     for block in (None, 3 * 400):  # default (the tiny vocabulary's logits fit one block), then 3 positions a block
         if block is not None:
-            monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+            monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", block)
         out = tmp_path / f"block-{block}"
         torch.manual_seed(0)
         train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())

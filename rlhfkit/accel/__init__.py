@@ -16,8 +16,8 @@ same up to float rounding. Everything here asks ``enabled()`` (and ``choices``) 
 - The lean decode step (``decode.py``): sampling against preallocated key / value buffers.
 - Block-wise vocabulary log-probs (``vocab.py``): log-probs and entropy a block of positions at a time, the
   LM head fused in where it is a plain linear layer.
-- The kept heap (``rlhfkit.training.runtime.keep_freed_memory``, on the CPU with glibc) and the value model's
-  passes apart from the policy's (``--value-pass-apart``).
+- The online trainers' kept heap (on the CPU with glibc) and the value model's passes apart from the policy's
+  (``--value-pass-apart``): one object with hooks the trainer calls (``online.py``).
 
 Nothing here runs at import time.
 """

@@ -148,8 +148,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         index = ranks.block(stream.take(prompts_per_step))
         batch = PromptBatch(examples, prompt_ids, index, G, first_group=ranks.rank * len(index))
         rewards.state = TrainerState(global_step=step - 1, max_steps=steps)
-        metrics = trainer.step(batch)
-        rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
+        result = trainer.step(batch)
+        metrics, rollout = result.metrics, result.rollout  # the rollout: the whole batch, every process's rows
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
             with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
                 metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device, multiturn)

@@ -204,9 +204,9 @@ def test_rows_no_reward_applies_to_get_zero_advantage(task, tmp_path, monkeypatc
     make_rollout = OnlineTrainer.make_rollout
 
     def recording(self, batch):
-        rollout, everyone, first, value_stats, metrics = make_rollout(self, batch)
-        seen.append((batch.prompts, rollout, metrics))
-        return rollout, everyone, first, value_stats, metrics
+        experience = make_rollout(self, batch)
+        seen.append((batch.prompts, experience.rollout, experience.metrics))
+        return experience
 
     monkeypatch.setattr(OnlineTrainer, "make_rollout", recording)
     train(

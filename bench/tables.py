@@ -327,7 +327,7 @@ def loss_aggregation_table() -> list[str]:
     sft = [run["seeds"][s]["sft"] for s in seeds]
     rows = [
         [
-            "SFT (the start)",
+            "SFT: its accuracy",
             "",
             " / ".join(f"{x['accuracy']:.3f}" for x in sft),
             "",
@@ -349,7 +349,7 @@ def loss_aggregation_table() -> list[str]:
     header = [
         "command",
         "--loss-aggregation",
-        f"accuracy gain over SFT, seeds {' / '.join(seeds)}",
+        f"held-out accuracy gain over SFT, seeds {' / '.join(seeds)}",
         "mean ± s.e.",
         "reply tokens",
     ]

@@ -57,7 +57,8 @@ class PolicyLossArgs:
     loss_aggregation: LossAggregation = "token-mean"
     """How token losses become the loss: token-mean (the batch's token mean: every token weighs the same, DAPO, Yu
     et al. 2025; TRL's "dapo"), seq-mean-token-mean (each completion's token mean, then the mean over completions:
-    every completion weighs the same, so a long completion's tokens weigh less; the GRPO paper, Shao et al. 2024),
+    every completion weighs the same, so with --importance-ratio token a long completion's tokens weigh less; the
+    GRPO paper, Shao et al. 2024),
     seq-mean-token-sum-norm (token sum / (rows x --max-new-tokens): no length bias, Dr. GRPO, Liu et al. 2025)."""
     entropy_coef: float = 0.0
     """c2: weight of the entropy bonus."""
@@ -319,7 +320,8 @@ class GRPOConfig(OnlineConfig):
 class RLOOConfig(OnlineConfig):
     """RLOO (Ahmadian et al. 2024): G completions per prompt, A = r - mean of the other completions, no critic.
     Defaults from the paper: G = 4, the KL penalty (beta = 0.05) in the reward, one update per batch with one
-    importance ratio per completion (the REINFORCE gradient of the whole completion), a small learning rate."""
+    importance ratio per completion (the REINFORCE gradient of the whole completion), every completion weighing the
+    same (seq-mean-token-mean), a small learning rate."""
 
     algorithm: ClassVar[str] = "rloo"
     policy: PolicyLossArgs = field(

@@ -1,4 +1,4 @@
-"""The result tables of docs/performance.md and README.md, rendered from bench/reported/*.json.
+"""The result tables of docs/performance.md, README.md and docs/concepts.md, rendered from bench/reported/*.json.
 
     python bench/tables.py           # rewrite the tables in the docs
     python bench/tables.py --check   # exit 1, with a diff, where a doc's table differs from what the files give
@@ -31,7 +31,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 REPORTED = BENCH / "reported"
-DOCS = [ROOT / "docs" / "performance.md", ROOT / "README.md"]
+DOCS = [ROOT / "docs" / "performance.md", ROOT / "README.md", ROOT / "docs" / "concepts.md"]
 WIDTH = 110  # the docs' line width, for the text under a table
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
@@ -204,6 +204,43 @@ def learning() -> list[str]:
         add("GRPO", size, [r for _, r in theirs], mine, theirs, lambda r: r["heldout_gain"])
     header = ["benchmark", "model", "seeds", "rlhfkit", "TRL", "rlhfkit − TRL", "seeds where rlhfkit is ahead"]
     return [*table(header, rows), "", sources(*ppo_tiny, *trl_tiny, *ppo_small, grpo)]
+
+
+# ---- loss aggregation --------------------------------------------------------------------------------
+def loss_aggregation_table() -> list[str]:
+    """bench/loss_aggregation.py: held-out accuracy gained over SFT on the arithmetic task, per seed."""
+    run = Run("loss_aggregation", AVX2, "1db0fc86a63f")
+    seeds = list(run["seeds"])
+    sft = [run["seeds"][s]["sft"] for s in seeds]
+    rows = [
+        [
+            "SFT: its accuracy",
+            "",
+            " / ".join(f"{x['accuracy']:.3f}" for x in sft),
+            "",
+            f"{statistics.mean(x['reply_tokens'] for x in sft):.2f}",
+        ]
+    ]
+    for name in run["seeds"][seeds[0]]["runs"]:
+        got = [run["seeds"][s]["runs"][name] for s in seeds]
+        command, aggregation = name.split(" ")
+        rows.append(
+            [
+                command,
+                f"`{aggregation}`",
+                " / ".join(f"{g['gain']:+.3f}" for g in got),
+                pm(mean_se([g["gain"] for g in got]), 3, sign="+"),
+                f"{statistics.mean(g['reply_tokens'] for g in got):.2f}",
+            ]
+        )
+    header = [
+        "command",
+        "--loss-aggregation",
+        f"held-out accuracy gain over SFT, seeds {' / '.join(seeds)}",
+        "mean ± s.e.",
+        "reply tokens",
+    ]
+    return [*table(header, rows), "", sources(run)]
 
 
 # ---- the speed summary ---------------------------------------------------------------------------------
@@ -438,6 +475,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "speed": speed,
     "speed_readme": lambda: speed(compact=True),
     "learning": learning,
+    "loss_aggregation": loss_aggregation_table,
     "real_memory": real_memory,
     "real_gpu": real_gpu,
 }

@@ -1,6 +1,6 @@
-"""bench/reported and the docs' result tables: the tables in docs/performance.md and README.md are what
-bench/tables.py renders from the result files, every run is filed under the machine and commit its stamp
-records, and a benchmark's new run is merged into its file beside the runs already there."""
+"""bench/reported and the docs' result tables: the tables in docs/performance.md, README.md and docs/concepts.md
+are what bench/tables.py renders from the result files, every run is filed under the machine and commit its
+stamp records, and a benchmark's new run is merged into its file beside the runs already there."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def test_every_run_is_filed_under_its_stamp():
     files = sorted((BENCH / "reported").glob("*.json"))
     assert [f.name for f in files] == [
         "grpo_vs_trl.json",
+        "loss_aggregation.json",
         "ppo_vs_trl.json",
         "profile_ppo.json",
         "real_model.json",

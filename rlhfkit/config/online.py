@@ -79,8 +79,11 @@ class PolicyLossArgs:
     importance_ratio: PolicyLoss = "token"
     """token: one ratio per token (PPO); sequence: one ratio per completion, exp(sum of log-ratios), as RLOO."""
     loss_aggregation: LossAggregation = "token-mean"
-    """How token losses become the loss: token-mean (every token weighs the same), seq-mean-token-mean (every
-    completion weighs the same, GRPO), seq-mean-token-sum-norm (token sum / (rows x --max-new-tokens), Dr. GRPO)."""
+    """How token losses become the loss: token-mean (the batch's token mean: every token weighs the same, DAPO, Yu
+    et al. 2025; TRL's "dapo"), seq-mean-token-mean (each completion's token mean, then the mean over completions:
+    every completion weighs the same, so with --importance-ratio token a long completion's tokens weigh less; the
+    GRPO paper, Shao et al. 2024),
+    seq-mean-token-sum-norm (token sum / (rows x --max-new-tokens): no length bias, Dr. GRPO, Liu et al. 2025)."""
     entropy_coef: float = 0.0
     """c2: weight of the entropy bonus."""
     mask_truncated_completions: bool = False
@@ -326,14 +329,13 @@ def _critic_free_check(config: OnlineConfig) -> None:
 class GRPOConfig(OnlineConfig):
     """GRPO (Shao et al. 2024, DeepSeekMath): G completions per prompt, A = (r - group mean) / group std, no
     critic. Defaults from the paper: G = 8, the KL to the reference as a k3 term in the loss with beta = 0.04,
-    one update per batch (ratio clip 0.2), every completion weighing the same (seq-mean-token-mean), a small
-    learning rate. Dr. GRPO (Liu et al. 2025): --scale-rewards none --loss-aggregation seq-mean-token-sum-norm;
-    DAPO's clip-higher (Yu et al. 2025): --clip-eps-high 0.28."""
+    one update per batch (ratio clip 0.2), a small learning rate. The loss is the batch's token mean (DAPO, Yu et
+    al. 2025), where the paper averaged each completion first (--loss-aggregation seq-mean-token-mean), which gives
+    the tokens of a long wrong completion less of the penalty. Dr. GRPO (Liu et al. 2025): --scale-rewards none
+    --loss-aggregation seq-mean-token-sum-norm; DAPO's clip-higher: --clip-eps-high 0.28."""
 
     algorithm: ClassVar[str] = "grpo"
-    policy: PolicyLossArgs = field(
-        default_factory=lambda: PolicyLossArgs(ppo_epochs=1, loss_aggregation="seq-mean-token-mean")
-    )
+    policy: PolicyLossArgs = field(default_factory=lambda: PolicyLossArgs(ppo_epochs=1, loss_aggregation="token-mean"))
     kl: KLArgs = field(default_factory=lambda: KLArgs(kl_coef=0.04, kl_in_loss=True))
     advantage: AdvantageArgs = field(
         default_factory=lambda: AdvantageArgs(advantage="grpo", num_generations=8, whiten_advantages=False)
@@ -349,7 +351,8 @@ class GRPOConfig(OnlineConfig):
 class RLOOConfig(OnlineConfig):
     """RLOO (Ahmadian et al. 2024): G completions per prompt, A = r - mean of the other completions, no critic.
     Defaults from the paper: G = 4, the KL penalty (beta = 0.05) in the reward, one update per batch with one
-    importance ratio per completion (the REINFORCE gradient of the whole completion), a small learning rate."""
+    importance ratio per completion (the REINFORCE gradient of the whole completion), every completion weighing the
+    same (seq-mean-token-mean), a small learning rate."""
 
     algorithm: ClassVar[str] = "rloo"
     policy: PolicyLossArgs = field(

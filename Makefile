@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 # The versions the suite last passed on; CONSTRAINTS= (empty) installs the newest releases instead.
 CONSTRAINTS ?= constraints.txt
 
-.PHONY: venv install real-model browser test test-vllm test-latest constraints lint demo bench clean
+.PHONY: venv install real-model browser test test-vllm test-latest constraints lint demo bench clean gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -81,6 +81,11 @@ $(VLLM_VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -rs tests/vllm
+
+# On a machine with a CUDA device: --accel auto against --accel off for each training command, on the GPU (the
+# Python that has torch with CUDA, transformers, peft and accelerate; PYTHON=... picks another)
+gpu-check:
+	sh bench/gpu_check.sh
 
 # The suite against the newest release of every dependency (torch held at TORCH_VERSION), in .venv-latest;
 # lists what differs from constraints.txt and, when tests fail, which upgrade broke which test. TESTS=paths

@@ -32,8 +32,8 @@ class Chat:
         return ("please go on", float(len(reply) % 3), self.turn >= 3)
 """
 REWARD = """
-def length(prompts, completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
+def length(prompts, completions, **kwargs):  # completions: the messages after each conversation's opening
+    return [float(len(c[-1]["content"]) % 3) for c in completions]
 """
 
 

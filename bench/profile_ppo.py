@@ -94,7 +94,8 @@ def instrument(clock: Clock, record: dict) -> None:
     from accelerate import Accelerator
 
     from rlhfkit.models.reward import RewardScorer
-    from rlhfkit.trainers.online import policy, trainer
+    from rlhfkit.trainers.online import policy, trainer, update
+    from rlhfkit.trainers.online import rollout as rollout_module
     from rlhfkit.training import updates
 
     in_rollout = [False]
@@ -108,18 +109,18 @@ def instrument(clock: Clock, record: dict) -> None:
             in_rollout[0] = False
 
     trainer.OnlineTrainer.make_rollout = flagged
-    clock.wrap(trainer, "generate", "generate")
+    clock.wrap(rollout_module, "generate", "generate")
     clock.wrap(RewardScorer, "score", "rm forward")
     # the rollout's policy + value pass (with grad when epoch 1 reuses it) vs the PPO epochs' passes
     clock.wrap(policy.ActorCritic, "forward", "rollout forwards", when=lambda: in_rollout[0])
     clock.wrap(policy.ActorCritic, "forward", "train forward", when=lambda: not in_rollout[0])
     clock.wrap(policy.SeparateValueModel, "forward", "value model", when=lambda: in_rollout[0])
     clock.wrap(trainer, "response_logprobs", "reference forward")
-    clock.wrap(trainer.OnlineTrainer, "loss", "loss+forward")
+    clock.wrap(update.PPOUpdate, "loss", "loss+forward")
     clock.wrap(Accelerator, "backward", "backward")
     clock.wrap(Accelerator, "backward", "rollout backward", when=lambda: in_rollout[0])
     clock.wrap(updates, "step", "optimizer")
-    clock.wrap(trainer.OnlineTrainer, "train_epochs", "train_epochs")
+    clock.wrap(update.PPOUpdate, "train_epochs", "train_epochs")
 
     original = trainer.OnlineTrainer.step
 
@@ -127,7 +128,8 @@ def instrument(clock: Clock, record: dict) -> None:
         t0 = time.perf_counter()
         if record["last_end"] is not None:
             clock.now["loop overhead"] += t0 - record["last_end"]
-        metrics = original(self, batch)
+        result = original(self, batch)
+        metrics, rollout = result.metrics, result.rollout
         end = time.perf_counter()
         n = clock.now
         step = {
@@ -159,13 +161,13 @@ def instrument(clock: Clock, record: dict) -> None:
         step["step overhead"] = (end - t0) - metrics["time/rollout_s"] - n["train_epochs"]
         step["loop overhead"] = n.get("loop overhead", 0.0)
         step["_ppo_step"] = end - t0
-        step["_tokens"] = int(metrics["_rollout"].response_mask.sum())
-        step["_prompt_tokens"] = int(metrics["_rollout"].query_mask.sum())
-        step["_shape"] = [int(metrics["_rollout"].query_ids.shape[1]), int(metrics["_rollout"].response_ids.shape[1])]
+        step["_tokens"] = int(rollout.response_mask.sum())
+        step["_prompt_tokens"] = int(rollout.query_mask.sum())
+        step["_shape"] = [int(rollout.query_ids.shape[1]), int(rollout.response_ids.shape[1])]
         clock.steps.append(step)
         clock.now = defaultdict(float)
         record["last_end"] = time.perf_counter()
-        return metrics
+        return result
 
     trainer.OnlineTrainer.step = ppo_step
 
@@ -248,7 +250,7 @@ def measure_matmul_rate(s: dict, rows: int, repeats: int = 20, default_path: boo
     """GFLOP/s of the model's matmuls (qkv, out, MLP up/down, LM head) on ``rows`` token rows, current threads,
     through the path rlhfkit's linear layers take (oneDNN for fp32 on CPU where available: models/kernels.py),
     or with ``default_path`` through torch.matmul (MKL on x86)."""
-    from rlhfkit.accel.kernels import linear_matmul
+    from rlhfkit.accel.onednn import linear_matmul
 
     def product(a, b):
         out = None if default_path else linear_matmul(a, b, None)

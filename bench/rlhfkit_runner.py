@@ -34,11 +34,11 @@ def instrument(record: dict) -> None:
 
             record["lean_decode"] = _supported(self.policy)  # whether sampling runs rlhfkit's own decode step
             record["first_step_start"] = time.perf_counter()
-        metrics = original(self, batch)
+        result = original(self, batch)
         record["step_ends"].append(time.perf_counter())
-        rollout = metrics.get("_rollout")
+        rollout = result.rollout
         record["generated_tokens"].append(int(rollout.response_mask.sum()) if rollout is not None else 0)
-        return metrics
+        return result
 
     OnlineTrainer.step = step
 

@@ -27,12 +27,10 @@ MODES = {
 def one(mode: str, batch: int, length: int, vocab: int, hidden_size: int) -> dict:
     import torch
 
-    from rlhfkit.ops import vocab_chunks
-    from rlhfkit.ops.logprobs import logprobs_from_logits
-    from rlhfkit.ops.losses import entropy_from_logits
+    from rlhfkit.accel import vocab as vocab_blocks
 
     if mode == "plain":
-        vocab_chunks.CHUNK_ELEMENTS = 1 << 62
+        vocab_blocks.CHUNK_ELEMENTS = 1 << 62
     torch.manual_seed(0)
     hidden = torch.randn(batch, length, hidden_size, requires_grad=True)
     weight = (torch.randn(vocab, hidden_size) * 0.02).requires_grad_(True)
@@ -40,10 +38,10 @@ def one(mode: str, batch: int, length: int, vocab: int, hidden_size: int) -> dic
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     if mode == "fused":
-        logprobs, entropy = vocab_chunks.head_logprobs(hidden, weight, labels, with_entropy=True)
+        logprobs, entropy = vocab_blocks.head_logprobs(hidden, weight, labels, with_entropy=True)
     else:
         logits = hidden @ weight.T
-        logprobs, entropy = logprobs_from_logits(logits, labels), entropy_from_logits(logits)
+        logprobs, entropy = vocab_blocks.logprobs(logits, labels), vocab_blocks.entropy(logits)
     (logprobs.mean() - 0.01 * entropy.mean()).backward()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

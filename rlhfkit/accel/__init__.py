@@ -1,44 +1,124 @@
-"""Performance code, kept apart from the algorithms and applied in a few visible places.
+"""Performance code, kept apart from the algorithms, applied in a few visible places and behind one switch.
 
-- ``prepare_model(model)``, called by every model loader: swaps in kernels that compute the same function
-  faster or in less memory (``kernels.py``): a fused tanh-GELU, a fused fp32 RMSNorm, a SwiGLU MLP that keeps
-  two activations less for backward, and fp32 CPU linear layers through oneDNN where a self-check shows oneDNN
-  equal to the default path on this CPU and faster at that layer's shape (timed once per machine, the verdicts
-  kept under ``~/.cache/rlhfkit``).
-- ``trainable.row_grad_embedding(model)``, called where a trainer builds its optimizer: a tied input embedding
-  adds its rows' gradient into the weight's ``.grad`` in place instead of building a dense one.
-- ``trainable.fuse_lora_linears(model)``, called where LoRA adapters are added (``rlhfkit.models.lora``): a plain
-  adapter's product is added onto its base layer's output in place.
-- Sequence packing (``packing.py``): teacher-forced passes on packed rows instead of padded ones, chosen
-  per batch by a cost model; on by default, ``--pack-sequences false`` turns it off. A packed pass's attention
-  runs by segments where that is cheaper (``segments.py``).
-- ``rlhfkit.training.runtime.keep_freed_memory()``, called by the online trainers on the CPU: glibc's malloc keeps
-  freed memory for the next tensors instead of returning it between a step's phases (each returned page costs a
-  page fault when touched again).
-- ``RLHFKIT_ACCEL=0`` in the environment turns every swap, the lean decode step, the segment attention and the
-  kept heap memory off.
+``--accel auto|off`` on every command (``RLHFKIT_ACCEL=0`` in the environment is ``off``; a flag given on the
+command line, or ``accel=`` in the Python API, wins over the environment). ``off`` runs plain transformers and
+``rlhfkit.ops``; ``auto`` turns on what ``choices(device)`` lists for the device a model runs on, and trains the
+same up to float rounding. Everything here asks ``enabled()`` (and ``choices``) at the moment it runs:
+
+- ``prepare_model(model)``, called by every model loader: kernel swaps that compute the same function faster
+  or in less memory (``kernels.py``: a fused tanh-GELU, a fused fp32 RMSNorm, a SwiGLU MLP that keeps two
+  activations less for backward) and, on the CPU, fp32 linear layers through oneDNN where a self-check shows
+  oneDNN equal to the default path and faster at that layer's shape (``onednn.py``).
+- ``trainable.row_grad_embedding(model)`` and ``trainable.fuse_lora_linears(model)``: a tied embedding's
+  gradient rows added in place, a LoRA adapter's product added onto its base layer's output in place.
+- Sequence packing (``packing.py``, on the CPU): teacher-forced passes on packed rows with a block mask,
+  chosen per batch by a cost model; its attention runs by segments where that is cheaper (``segments.py``).
+- The lean decode step (``decode.py``): sampling against preallocated key / value buffers.
+- Block-wise vocabulary log-probs (``vocab.py``): log-probs and entropy a block of positions at a time, the
+  LM head fused in where it is a plain linear layer.
+- The online trainers' kept heap (on the CPU with glibc) and the value model's passes apart from the policy's
+  (``--value-pass-apart``): one object with hooks the trainer calls (``online.py``).
 
 Nothing here runs at import time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI reads the switch without importing torch
+    import torch
+    from torch import nn
 
 SWITCH = "RLHFKIT_ACCEL"
+MODES = ("auto", "off")
+_OFF = ("0", "false", "off", "no")
+_RUN_ON_CPU = {"forced": False}  # set by ``switched`` from a command's --cpu
 
 
 def enabled() -> bool:
-    """False when ``RLHFKIT_ACCEL`` is set to 0 / false / off / no."""
-    return os.environ.get(SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+    """False under ``--accel off`` (``RLHFKIT_ACCEL`` set to 0 / false / off / no)."""
+    return os.environ.get(SWITCH, "1").strip().lower() not in _OFF
+
+
+def mode_from_environment() -> str:
+    """``off`` when ``RLHFKIT_ACCEL`` turns the performance code off, else ``auto``: the default of ``--accel``."""
+    return "auto" if enabled() else "off"
+
+
+@contextlib.contextmanager
+def switched(mode: str, cpu: bool = False):
+    """Run a command under ``--accel MODE``: ``RLHFKIT_ACCEL`` set for this process and the processes it starts,
+    and put back as it was afterwards. ``cpu``: the command runs on the CPU even where a GPU is present."""
+    if mode not in MODES:
+        raise ValueError(f"accel must be one of {', '.join(MODES)}, got {mode!r}")
+    before, forced = os.environ.get(SWITCH), _RUN_ON_CPU["forced"]
+    os.environ[SWITCH] = "1" if mode == "auto" else "0"
+    _RUN_ON_CPU["forced"] = cpu
+    try:
+        yield
+    finally:
+        _RUN_ON_CPU["forced"] = forced
+        if before is None:
+            os.environ.pop(SWITCH, None)
+        else:
+            os.environ[SWITCH] = before
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What ``--accel auto`` turns on for one device; all False under ``--accel off``."""
+
+    kernel_swaps: bool  # fused GELU / RMSNorm / SwiGLU modules: the same function, any device
+    onednn_linears: bool  # fp32 CPU linear layers through oneDNN
+    packing: bool  # packed rows with a [R, 1, C, C] boolean block mask (and segment attention)
+    lean_decode: bool  # the decode step against preallocated key / value buffers
+    vocab_blocks: bool  # log-probs and entropy a block of positions at a time, the LM head fused in
+    kept_heap: bool  # glibc keeps freed memory between a step's phases
+    value_pass_apart: bool  # the value model's forward and backward apart from the policy's
+
+
+def choices(device: torch.device | str | None = None) -> Choices:
+    """What ``auto`` means on ``device`` (None: the device this process computes on, see ``run_device``).
+
+    On the CPU everything applies. On a GPU nothing fitted to the CPU does: no packing (a boolean block mask
+    takes sdpa off its flash kernel, and the packing cost model was fitted to the CPU's sdpa), so batches stay
+    padded on the fused attention kernels; no oneDNN layers, no kept heap, no value pass apart. The choices
+    that hold on any device stay: the kernel swaps, the lean decode step, the block-wise vocabulary log-probs."""
+    import torch
+
+    if not enabled():
+        return Choices(False, False, False, False, False, False, False)
+    cpu = torch.device(device if device is not None else run_device()).type == "cpu"
+    return Choices(
+        kernel_swaps=True,
+        onednn_linears=cpu,
+        packing=cpu,
+        lean_decode=True,
+        vocab_blocks=True,
+        kept_heap=cpu,
+        value_pass_apart=cpu,
+    )
+
+
+def run_device() -> torch.device:
+    """The device this process's models compute on: a GPU where one is present (and ``--cpu`` was not given)."""
+    import torch
+
+    if _RUN_ON_CPU["forced"] or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
 
 
 def forward_intercepted(*modules: nn.Module) -> bool:
     """Whether running these modules' parts directly (as the lean decode step and the packed LM head do)
     would skip something their ``forward`` does: a forward hook or pre-hook on one of them, a forward
     replaced on the instance (an autocast wrapper), or a hook registered on every module."""
+    from torch import nn
+
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in modules)
@@ -46,13 +126,13 @@ def forward_intercepted(*modules: nn.Module) -> bool:
 
 def prepare_model(model: nn.Module) -> dict[str, int]:
     """Apply the kernel swaps to a freshly loaded model; returns how many modules each swap changed."""
-    from rlhfkit.accel import kernels
+    from rlhfkit.accel import kernels, onednn
 
-    if not enabled():
-        return {"fused_gelu": 0, "fused_rms_norm": 0, "swiglu_mlp": 0, "onednn_linear": 0}
+    chosen = choices()
+    swaps = chosen.kernel_swaps
     return {
-        "fused_gelu": kernels.fuse_activations(model),
-        "fused_rms_norm": kernels.fuse_rms_norms(model),
-        "swiglu_mlp": kernels.fuse_swiglu_mlps(model),
-        "onednn_linear": kernels.fast_linears(model) if kernels.onednn_ready() else 0,
+        "fused_gelu": kernels.fuse_activations(model) if swaps else 0,
+        "fused_rms_norm": kernels.fuse_rms_norms(model) if swaps else 0,
+        "swiglu_mlp": kernels.fuse_swiglu_mlps(model) if swaps else 0,
+        "onednn_linear": onednn.fast_linears(model) if chosen.onednn_linears and onednn.onednn_ready() else 0,
     }

@@ -28,7 +28,7 @@ The logits equal those of the model's forward up to float rounding (the tests co
 architecture). The prompt itself is still run by the model's own forward. Models this step does not cover
 (other architectures, sliding-window attention, forward hooks or a replaced forward on the model,
 prompt-learning PEFT) get None from ``lean_decoder``, and the sampler calls the model's forward as usual;
-``RLHFKIT_ACCEL=0`` turns the lean step off everywhere.
+``--accel off`` (``RLHFKIT_ACCEL=0``) turns the lean step off everywhere.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.accel import enabled, forward_intercepted
+from rlhfkit.accel import choices, forward_intercepted
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 LEAN_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2"})
@@ -53,8 +53,10 @@ def _supported(model) -> bool:
     wrapper = without_ddp(model)
     base = base_model(model)
     config = base.config
+    weight = next(base.parameters(), None)
     if (
-        not enabled()
+        weight is None
+        or not choices(weight.device).lean_decode
         or config.model_type not in LEAN_MODEL_TYPES
         or config.is_encoder_decoder
         or getattr(config, "_attn_implementation", None) not in ("sdpa", "eager")
@@ -124,7 +126,7 @@ class LeanDecoder:
         self.length = _prefill_kv(prefill_cache, 0)[0].shape[2]  # columns filled: the prompt's P
         self.compiled = compiled_step() if compiled else None
         # the compiled step traces the modules themselves (Inductor fuses PEFT's layers as they are); the eager
-        # Llama / Qwen2 step runs fp32 CPU weights reordered for its row count (kernels.packed_linear)
+        # Llama / Qwen2 step runs fp32 CPU weights reordered for its row count (onednn.packed_linear)
         rows = index.shape[0]
         self.projections = (
             None if self.gpt2 or compiled else tuple(_layer_projections(layer, rows) for layer in self.layers)
@@ -191,8 +193,8 @@ def _attend(keys, values, q, k, v, mask, scale: float, length: int | None, colum
         keys.index_copy_(2, column, k)
         values.index_copy_(2, column, v)
     # written out rather than sdpa: on the CPU the fused kernel's set-up costs more than the arithmetic at one
-    # query per row (SmolLM2's shapes, 16 rows: 75 against 27 us a call at 16 keys, 344 against 303 at 512), and
-    # in the compiled step Inductor fuses these into its generated code, where sdpa would be a separate call
+    # query per row, and in the compiled step Inductor fuses these into its generated code, where sdpa would be a
+    # separate call
     scores = (q @ keys.transpose(-1, -2)) * scale  # [B, kv_heads, groups, columns]
     out = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1) @ values  # [B, kv_heads, groups, D]
     return out.reshape(batch, 1, heads * dim)  # the heads in order: kv head by kv head, a group's heads within
@@ -202,7 +204,7 @@ def lean_projection(module, rows: int = 0):
     """``module``, or where it is a PEFT LoRA layer applying plain LoRA (adapters on and not merged, no DoRA or
     other variant, no dropout active) a function giving the same output: the base layer's plus ``(x A^T)(s B)^T``
     for each active adapter, with ``s B`` computed here, once. Read the adapters again after they change.
-    ``rows``: the decode steps' row count, for a weight reordered once for it (``kernels.packed_linear``, fp32 on
+    ``rows``: the decode steps' row count, for a weight reordered once for it (``onednn.packed_linear``, fp32 on
     the CPU: an ``nn.Linear`` without adapters, or the merged weight of one with adapters); 0 for none."""
     if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
         plain = type(module) in _plain_linears() and not forward_intercepted(module)
@@ -242,8 +244,8 @@ def _merge_here(base, pairs) -> bool:
 
 
 def _packed(module, weight: torch.Tensor, rows: int):
-    """``kernels.packed_linear`` of ``weight`` with ``module``'s bias for ``rows`` rows, or None (``rows`` 0)."""
-    from rlhfkit.accel.kernels import packed_linear
+    """``onednn.packed_linear`` of ``weight`` with ``module``'s bias for ``rows`` rows, or None (``rows`` 0)."""
+    from rlhfkit.accel.onednn import packed_linear
 
     return packed_linear(weight, module.bias, rows) if rows else None
 
@@ -253,7 +255,7 @@ def _merged_projection(base, pairs, rows: int = 0):
     weights untouched), reordered for ``rows`` rows where that applies (``_packed``), else run through the base
     layer's kernel (oneDNN where the layer was swapped to it). Equal to the base output plus the adapters'
     products up to float rounding."""
-    from rlhfkit.accel.kernels import OneDNNLinear, linear_matmul
+    from rlhfkit.accel.onednn import OneDNNLinear, linear_matmul
 
     with torch.no_grad():
         # the first adapter's sum makes the copy (one pass over the weight); the model's weight stays as it is
@@ -277,7 +279,7 @@ def _merged_projection(base, pairs, rows: int = 0):
 
 
 def _plain_linears() -> tuple[type, ...]:
-    from rlhfkit.accel.kernels import OneDNNLinear
+    from rlhfkit.accel.onednn import OneDNNLinear
 
     return (torch.nn.Linear, OneDNNLinear)
 

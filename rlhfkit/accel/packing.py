@@ -11,8 +11,8 @@ rows with the same prompt can share one copy of it: the prompt's tokens are laid
 row's response, with a mask that lets a response attend to the prompt and to its own earlier tokens only.
 The outputs are again the padded batch's, from up to (G - 1) x prompt fewer positions per group.
 
-Rows often begin alike even where their prompts differ: a chat template's system message (SmolLM2's default
-one is 21 tokens) and the user turn's header open every prompt. The leading tokens that every row of a batch
+Rows often begin alike even where their prompts differ: a chat template's system message (tens of tokens
+in some templates) and the user turn's header open every prompt. The leading tokens that every row of a batch
 has in common, the trunk, are laid out once at the start of each packed row, and every sequence in the row
 attends to that copy.
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.accel import enabled, forward_intercepted, segments
-from rlhfkit.accel.kernels import onednn_layers, padded_rows
+from rlhfkit.accel import choices, forward_intercepted, segments
+from rlhfkit.accel.onednn import onednn_layers, padded_rows
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
@@ -45,9 +45,9 @@ MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
 # shapes with the CPU sdpa kernel; it only steers the choice of the row width).
 SPAN_PER_HIDDEN = 3
 # In 16-bit compute, row widths are rounded up to a multiple of this, so a run meets a handful of distinct
-# shapes: oneDNN's bf16 CPU matmuls build and cache a kernel per shape (exact widths held ~150 MB more over
-# a 20-step PPO run of a 7.5M-parameter model), and GPU tensor cores favour multiples of 8. In fp32 the
-# linear layers bound their own shapes (``rlhfkit.accel.kernels.padded_rows``), so rows are exactly as wide
+# shapes: oneDNN's bf16 CPU matmuls build and cache a kernel per shape, so exact widths would grow that cache
+# over a run. In fp32 the linear layers bound their own shapes (``rlhfkit.accel.onednn.padded_rows``), so rows
+# are exactly as wide
 # as their longest load, or a few positions wider where that gives the oneDNN layers a row count they take
 # as it is (``_onednn_width``).
 ROW_MULTIPLE = 8
@@ -67,7 +67,7 @@ def _row_width(loads: list[int], multiple: int) -> int:
 
 def _onednn_width(model, rows: int, width: int) -> int:
     """``width``, or a little wider where that makes ``rows x width`` positions one of the row counts the
-    model's oneDNN linear layers run as they are (``kernels.padded_rows``): they would pad their input to that
+    model's oneDNN linear layers run as they are (``onednn.padded_rows``): they would pad their input to that
     count themselves, a zero-filled copy of it in every layer of every pass. The extra positions are free ones."""
     if not onednn_layers(model):
         return width
@@ -81,10 +81,14 @@ def _config(model):
 
 
 def can_pack(model) -> bool:
-    """Whether ``model``'s forward gives the same outputs on packed rows (see the module docstring)."""
+    """Whether to run ``model``'s teacher-forced passes on packed rows: packing is on for the device the model is
+    on (``rlhfkit.accel.choices``: the CPU, under ``--accel auto``) and the model's forward gives the same outputs
+    on packed rows (see the module docstring)."""
     config = _config(model)
+    weight = next(base_model(model).parameters(), None)
     return (
-        config.model_type in PACKABLE_MODEL_TYPES
+        choices(weight.device if weight is not None else None).packing
+        and config.model_type in PACKABLE_MODEL_TYPES
         and not config.is_encoder_decoder
         and getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
     )
@@ -222,8 +226,7 @@ class PackedBatch:
 
     def _attention(self, model):
         if (
-            not enabled()
-            or self.input_ids.device.type != "cpu"  # measured on the CPU; a GPU's fused kernels stay as they are
+            not choices(self.input_ids.device).packing
             or _config(model)._attn_implementation != "sdpa"
             or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
         ):

@@ -1,8 +1,8 @@
 """Attention on packed rows over each query's own keys, instead of over the whole row under a mask.
 
 A packed row holds a shared trunk, prompts and responses, and its block mask lets a response token attend to its
-trunk, its prompt and its own earlier tokens only: SmolLM2's GRPO rows are 2 x 288 positions, of which a response
-token sees ~50. PyTorch's fused attention runs the full ``[C, C]`` score matrix per row and head whatever the
+trunk, its prompt and its own earlier tokens only: in a GRPO row of several hundred positions a response token
+may see a few dozen. PyTorch's fused attention runs the full ``[C, C]`` score matrix per row and head whatever the
 mask, so most of its work is on pairs the mask then discards. Here the row's positions are split into segments
 (runs of queries whose allowed keys grow by the query itself, cut into pieces of at most ``SEGMENT_QUERIES``),
 and each segment attends to its last query's keys only: a batch of small ``[queries, keys]`` attentions, each
@@ -10,10 +10,9 @@ with its slice of the mask, gathered from and scattered back to the packed rows.
 same keys with the same weights as under the full mask (the outputs differ by the order of float sums), and
 free positions (no token; their outputs are never read) get zeros.
 
-On SmolLM2's GRPO rows the attention forward + backward of a layer went from ~8.2 to ~3.9 ms. The segments are
-used on the CPU where they cover fewer than ``MAX_COVER`` of the row's score matrix, through ``PackedBatch.run`` (which
-routes the model's sdpa attention here for the length of its forward), and not under gradient checkpointing
-(its recomputation runs outside that forward).
+The segments are used on the CPU where they cover fewer than ``MAX_COVER`` of the row's score matrix, through
+``PackedBatch.run`` (which routes the model's sdpa attention here for the length of its forward), and not under
+gradient checkpointing (its recomputation runs outside that forward).
 """
 
 from __future__ import annotations
@@ -105,8 +104,8 @@ def attend(segments: Segments, query, key, value, scaling: float | None) -> torc
 def whole_rows(mask: torch.Tensor, query, key, value, scaling: float | None) -> torch.Tensor:
     """Attention over the whole packed rows under ``mask``, each key / value head read by its group of query
     heads where there are fewer (grouped-query attention) instead of copied out to one per query head first, as
-    transformers' sdpa attention does under a mask: the copies would be kept for backward, 2/3 of the keys' and
-    values' memory at SmolLM2's 9 query and 3 key heads. Outputs equal transformers' bit for bit; the keys' and
+    transformers' sdpa attention does under a mask: the copies would be kept for backward, (1 - 1/groups) of the keys'
+    and values' memory at ``groups`` query heads per key head. Outputs equal transformers' bit for bit; the keys' and
     values' gradients sum the group's heads in another order. Returns ``[R, C, H, D]``."""
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]

@@ -15,14 +15,14 @@ from torch import nn
 
 from rlhfkit.accel import enabled
 from rlhfkit.accel.kernels import swap_classes
-from rlhfkit.ops.vocab_chunks import fp32_cpu
+from rlhfkit.accel.onednn import fp32_cpu
 
 
 # ---- the tied input embedding's gradient, added as rows ---------------------------------------------------------
-# Where the input embedding shares its weight with the LM head (SmolLM2, Qwen2.5-0.5B, GPT-2), a training
+# Where the input embedding shares its weight with the LM head (e.g. GPT-2, Qwen2.5-0.5B), a training
 # backward gives that weight two gradients: the head's, dense ([V, D], every row), and the embedding's, which only
-# the looked-up rows have. PyTorch builds the second one dense as well, a fresh zero-filled [V, D] tensor (113 MB
-# at SmolLM2's 49,152 x 576, ~90 ms to fill on a 2-core CPU, more with the first touch of its pages), and adds
+# the looked-up rows have. PyTorch builds the second one dense as well, a fresh zero-filled [V, D] tensor (at a real
+# vocabulary as large as the head's weight, filled page by page on its first touch), and adds
 # the two into a third (autograd's sum of a dense and a sparse gradient is out of place as well). Here the lookup's
 # backward adds its rows into the weight's ``.grad`` in place instead: the head's backward comes first in the
 # backward pass and autograd accumulates the weight's gradient as soon as it has it, so the rows land on the

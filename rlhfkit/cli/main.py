@@ -109,12 +109,19 @@ def version() -> str:
 
 
 def execute(name: str, config):
-    """Run command ``name`` on a parsed config; returns what the command returns. The SIGTERM/SIGINT handlers
-    a training session installs are put back as they were, however the command ends."""
+    """Run command ``name`` on a parsed config under its ``--accel`` mode; returns what the command returns. The
+    SIGTERM/SIGINT handlers a training session installs are put back as they were, however the command ends."""
+    from rlhfkit.accel import switched
+    from rlhfkit.config.parse import flat_dict
+
     module, func = COMMANDS[name].target.split(":")
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    options = flat_dict(config)
     try:
-        return getattr(importlib.import_module(module), func)(config)
+        if "accel" not in options:  # a command that runs no model (label, view, init-model)
+            return getattr(importlib.import_module(module), func)(config)
+        with switched(options["accel"], cpu=bool(options.get("cpu", False))):  # what rlhfkit.accel.enabled() says
+            return getattr(importlib.import_module(module), func)(config)
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs
 from rlhfkit.errors import UserError, option
+from rlhfkit.training import trackers
 
 
 def positive(**values) -> None:
@@ -40,3 +41,4 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
         raise UserError(f"{option('max_steps')} must be > 0 or -1, got {optim.max_steps}")
     if lora is not None:
         at_least(0, lora_r=lora.lora_r)
+    run.report_to = trackers.check(run.report_to)  # comma-separated names split; a missing package named now

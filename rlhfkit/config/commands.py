@@ -124,6 +124,7 @@ class IOArgs:
     cpu: bool = options.cpu()
     max_prompt_length: int = options.max_prompt_length()
     dist_timeout: int = options.dist_timeout()
+    accel: Literal["auto", "off"] = options.accel()
 
 
 def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:
@@ -210,11 +211,11 @@ class DemoConfig:
     """Architecture of the small model the demo trains."""
     size: Literal["tiny", "small"] = "tiny"
     """Model size: with the support task's vocabulary, tiny has 0.23M parameters (gpt2) or 0.26M (llama), small
-    7.4M (gpt2) or 9.2M (llama). The support demo took 9.2 minutes at tiny gpt2 on 2 cores of an AMD EPYC with
-    AVX2; small takes much longer."""
+    7.4M (gpt2) or 9.2M (llama); small takes much longer to run (docs/demo.md has the times)."""
     quick: bool = False
     """A few steps per stage: checks the wiring in seconds; the numbers mean nothing."""
     progress: bool = True
     """Show progress bars of the stages."""
     threads: int = 1
     """torch CPU threads; a tiny model runs fastest on one (more threads only add synchronisation)."""
+    accel: Literal["auto", "off"] = options.accel()

@@ -12,7 +12,30 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+import typing
+from collections.abc import Callable, Iterable
 from functools import cache
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """The allowed values of an option typed ``Annotated[str, Choices(names)]``: ``names()`` is read each time
+    the option is parsed or shown, so they can come from a registry (e.g. the advantage estimators), where a new
+    entry becomes a valid choice as soon as it is registered."""
+
+    names: Callable[[], Iterable[str]]
+
+
+def choices(tp) -> tuple | None:
+    """The allowed values of an option's type: a ``Literal``'s, or an ``Annotated[str, Choices(...)]``'s; None
+    for any other type."""
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Annotated:
+        for extra in tp.__metadata__:
+            if isinstance(extra, Choices):
+                return tuple(extra.names())
+    return None
 
 
 @cache

@@ -8,15 +8,38 @@ definition and one docstring whatever command shows it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from rlhfkit.config.checks import at_least, check_training, positive
+from rlhfkit.config.fields import Choices
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError, command, option, spelled
 
-Estimator = Literal["gae", "sequence", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
-CRITIC_ESTIMATORS = ("gae", "sequence")  # the estimators that need a value function
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")  # the ones that compare completions of a prompt
+
+# The algorithms' names come from their registries in rlhfkit.ops (imported when first read: the configs load
+# without torch), so a newly registered estimator or policy loss is at once a valid choice.
+def estimator(name: str):
+    """The advantage estimator registered as ``name`` (``rlhfkit.ops.estimators``), with its metadata."""
+    from rlhfkit.ops.estimators import get_advantage_estimator
+
+    return get_advantage_estimator(name)
+
+
+def estimator_names(*, needs_critic: bool | None = None) -> tuple[str, ...]:
+    """The registered advantage estimators' names; only those that need a critic (or need none) when given."""
+    from rlhfkit.ops.estimators import ADVANTAGE_ESTIMATORS
+
+    return tuple(n for n, e in ADVANTAGE_ESTIMATORS.items() if needs_critic is None or e.needs_critic == needs_critic)
+
+
+def _policy_loss_names() -> tuple[str, ...]:
+    from rlhfkit.ops.losses import POLICY_LOSSES
+
+    return tuple(POLICY_LOSSES)
+
+
+Estimator = Annotated[str, Choices(estimator_names)]
+PolicyLoss = Annotated[str, Choices(_policy_loss_names)]
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -25,10 +48,11 @@ class OnlineRewardArgs:
     reward_model: str = ""
     """Reward model directory (AutoModelForSequenceClassification with one label), made by `rlhfkit rm`."""
     reward_fn: list[str] = field(default_factory=list)
-    """A Python reward function, FILE.py:NAME, called as fn(prompts, completions, **columns) -> list[float | None]
-    (TRL's signature; the prompt rows' other columns and completion_ids come as keyword lists), or the name of a
-    built-in task's reward (e.g. 'support' for its gold judge, 'arithmetic' for exact answers). Repeat the flag
-    for several; with --reward-model too, the rewards are summed with --reward-weights."""
+    """A Python reward function, FILE.py:NAME, called as TRL calls one: fn(prompts=, completions=,
+    completion_ids=, trainer_state=, **columns) -> list[float | None] (the prompt rows' other columns by name;
+    a chat prompt's completions are message lists), or the name of a built-in task's reward (e.g. 'support' for
+    its gold judge, 'arithmetic' for exact answers). Repeat the flag for several; with --reward-model too, the
+    rewards are summed with --reward-weights."""
     reward_weights: list[float] = field(default_factory=list)
     """Weights of the rewards, comma-separated, in the order: --reward-model (if given), then each --reward-fn;
     empty: all 1."""
@@ -52,11 +76,14 @@ class PolicyLossArgs:
     """Clipping range epsilon of the probability ratio (the lower one with --clip-eps-high)."""
     clip_eps_high: float | None = None
     """Upper clipping range (clip-higher, Yu et al. 2025); none: the same as --clip-eps."""
-    importance_ratio: Literal["token", "sequence"] = "token"
+    importance_ratio: PolicyLoss = "token"
     """token: one ratio per token (PPO); sequence: one ratio per completion, exp(sum of log-ratios), as RLOO."""
     loss_aggregation: LossAggregation = "token-mean"
-    """How token losses become the loss: token-mean (every token weighs the same), seq-mean-token-mean (every
-    completion weighs the same, GRPO), seq-mean-token-sum-norm (token sum / (rows x --max-new-tokens), Dr. GRPO)."""
+    """How token losses become the loss: token-mean (the batch's token mean: every token weighs the same, DAPO, Yu
+    et al. 2025; TRL's "dapo"), seq-mean-token-mean (each completion's token mean, then the mean over completions:
+    every completion weighs the same, so with --importance-ratio token a long completion's tokens weigh less; the
+    GRPO paper, Shao et al. 2024),
+    seq-mean-token-sum-norm (token sum / (rows x --max-new-tokens): no length bias, Dr. GRPO, Liu et al. 2025)."""
     entropy_coef: float = 0.0
     """c2: weight of the entropy bonus."""
     mask_truncated_completions: bool = False
@@ -76,7 +103,8 @@ class KLArgs:
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator in the reward: k1 = lp - lp_ref, k2 = (lp - lp_ref)^2/2, k3 = exp(-d) - 1 + d."""
     kl_loss_coef: float = 0.0
-    """c3: weight of a k3 KL-to-reference term added to the loss besides the penalty in the reward."""
+    """c3: weight of a k3 KL-to-reference term added to the loss besides the penalty in the reward (the loss's KL
+    term then weighs c3, plus beta with --kl-in-loss; logged as loss/kl)."""
     ref_model: str = ""
     """The reference of the KL terms: a causal LM folder or .gguf file with the policy's tokenizer (e.g. the SFT
     model when the policy starts elsewhere); empty: a frozen copy of the starting policy (with LoRA: the policy's
@@ -118,9 +146,9 @@ class CriticArgs:
     """Clip the value update to old value +- this; none disables."""
     value_pass_apart: bool = True
     """With --value-model, in one process: run the value model's forward and backward apart from the policy's, in
-    quarter-size micro-batches, so the two networks' activations are never held at once (a sixth less peak memory
-    on a 135M model's full PPO step, the same update). With one minibatch its first epoch runs with the rollout
-    (one forward of the value model a step, its gradients kept until the update's step); false: one joint pass."""
+    quarter-size micro-batches, so the two networks' activations are never held at once (less peak memory, the
+    same update). With one minibatch its first epoch runs with the rollout (one forward of the value model a step,
+    its gradients kept until the update's step); false, or with the performance code off: one joint pass."""
 
 
 @dataclass
@@ -200,7 +228,13 @@ class OnlineConfig:
 
     @property
     def needs_critic(self) -> bool:
-        return self.advantage.advantage in CRITIC_ESTIMATORS
+        """Whether the advantage estimator reads a value function (its registry entry says)."""
+        return estimator(self.advantage.advantage).needs_critic
+
+    @property
+    def compares_group(self) -> bool:
+        """Whether the advantage estimator compares the completions of a prompt (its registry entry says)."""
+        return estimator(self.advantage.advantage).compares_group
 
     @property
     def multi_turn(self) -> bool:
@@ -269,7 +303,7 @@ class OnlineConfig:
             raise UserError(
                 f"{option('kl_in_loss')} keeps beta constant: it cannot be combined with {option('target_kl')}"
             )
-        if a.advantage in GROUP_ESTIMATORS and g < 2:
+        if self.compares_group and g < 2:
             raise UserError(
                 f"{option('advantage', a.advantage)} compares the completions of a prompt: it needs "
                 f"{option('num_generations')} >= 2"
@@ -313,7 +347,7 @@ def _critic_free_check(config: OnlineConfig) -> None:
     if config.needs_critic:
         raise UserError(
             f"{option('advantage', config.advantage.advantage)} needs a value function: use {command('ppo')}, or "
-            "one of grpo, rloo, reinforce_pp, reinforce_pp_baseline"
+            f"one of {', '.join(estimator_names(needs_critic=False))}"
         )
 
 
@@ -321,14 +355,13 @@ def _critic_free_check(config: OnlineConfig) -> None:
 class GRPOConfig(OnlineConfig):
     """GRPO (Shao et al. 2024, DeepSeekMath): G completions per prompt, A = (r - group mean) / group std, no
     critic. Defaults from the paper: G = 8, the KL to the reference as a k3 term in the loss with beta = 0.04,
-    one update per batch (ratio clip 0.2), every completion weighing the same (seq-mean-token-mean), a small
-    learning rate. Dr. GRPO (Liu et al. 2025): --scale-rewards none --loss-aggregation seq-mean-token-sum-norm;
-    DAPO's clip-higher (Yu et al. 2025): --clip-eps-high 0.28."""
+    one update per batch (ratio clip 0.2), a small learning rate. The loss is the batch's token mean (DAPO, Yu et
+    al. 2025), where the paper averaged each completion first (--loss-aggregation seq-mean-token-mean), which gives
+    the tokens of a long wrong completion less of the penalty. Dr. GRPO (Liu et al. 2025): --scale-rewards none
+    --loss-aggregation seq-mean-token-sum-norm; DAPO's clip-higher: --clip-eps-high 0.28."""
 
     algorithm: ClassVar[str] = "grpo"
-    policy: PolicyLossArgs = field(
-        default_factory=lambda: PolicyLossArgs(ppo_epochs=1, loss_aggregation="seq-mean-token-mean")
-    )
+    policy: PolicyLossArgs = field(default_factory=lambda: PolicyLossArgs(ppo_epochs=1, loss_aggregation="token-mean"))
     kl: KLArgs = field(default_factory=lambda: KLArgs(kl_coef=0.04, kl_in_loss=True))
     advantage: AdvantageArgs = field(
         default_factory=lambda: AdvantageArgs(advantage="grpo", num_generations=8, whiten_advantages=False)
@@ -344,7 +377,8 @@ class GRPOConfig(OnlineConfig):
 class RLOOConfig(OnlineConfig):
     """RLOO (Ahmadian et al. 2024): G completions per prompt, A = r - mean of the other completions, no critic.
     Defaults from the paper: G = 4, the KL penalty (beta = 0.05) in the reward, one update per batch with one
-    importance ratio per completion (the REINFORCE gradient of the whole completion), a small learning rate."""
+    importance ratio per completion (the REINFORCE gradient of the whole completion), every completion weighing the
+    same (seq-mean-token-mean), a small learning rate."""
 
     algorithm: ClassVar[str] = "rloo"
     policy: PolicyLossArgs = field(

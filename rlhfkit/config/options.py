@@ -49,4 +49,23 @@ def trust_remote_code() -> Any:
 
 
 def max_prompt_length(default: int = 128) -> Any:
-    return option(default, "Longest prompt in tokens; longer prompts keep their last tokens.")
+    return option(
+        default,
+        "Longest prompt in tokens. A prompt to sample from (ppo, grpo, rloo, generate, eval) that is longer stops "
+        "the run unless --truncate-prompts; elsewhere (sft, rm, dpo, score) a longer prompt keeps its last tokens.",
+    )
+
+
+def accel() -> Any:
+    from rlhfkit.accel import mode_from_environment
+
+    return dataclasses.field(
+        default_factory=mode_from_environment,
+        metadata={
+            "doc": "The performance code: 'auto' turns on what applies on the device the run computes on (on the "
+            "CPU all of it; on a GPU the kernel swaps, the lean decode step and the block-wise vocabulary log-probs, "
+            "batches padded); 'off' runs plain transformers and rlhfkit.ops, with the same results up to float "
+            "rounding. Default: 'off' where RLHFKIT_ACCEL=0 is set, else 'auto'. --pack-sequences, "
+            "--value-pass-apart and --compile-decode apply under 'auto' only."
+        },
+    )

@@ -12,11 +12,11 @@ import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
-from rlhfkit.config.fields import field_docs
+from rlhfkit.config.fields import choices, field_docs
 from rlhfkit.errors import UserError, option
 
 
@@ -35,7 +35,7 @@ class Leaf:
 def leaves(config: Any, prefix: tuple[str, ...] = (), group: str = "") -> list[Leaf]:
     """Flatten a config instance into its options (nested dataclass fields are parts)."""
     cls = type(config)
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # keeps Annotated[str, Choices(...)]
     docs = field_docs(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -100,12 +100,12 @@ def convert(leaf: Leaf, value: Any) -> Any:
         return None
     if value is None:
         raise ValueError("must have a value, got null")
-    if typing.get_origin(tp) is Literal:
-        choices = typing.get_args(tp)
-        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` as a boolean
-            value = {False: "no", True: "yes"}[value]
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+    allowed = choices(tp)
+    if allowed is not None:
+        if isinstance(value, bool):  # YAML reads a bare `no` / `yes` / `off` as a boolean
+            value = {False: "off" if "off" in allowed and "no" not in allowed else "no", True: "yes"}[value]
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
         return value
     if tp is bool:
         if isinstance(value, bool):
@@ -224,14 +224,14 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
         flags = [dashed] if dashed == under else [dashed, under]
         default = "required" if leaf.name in required else f"default: {leaf.default!r}"
         kwargs: dict[str, Any] = {"dest": leaf.name, "help": f"{leaf.doc} ({default})"}
-        if _list_item_type(tp) is str:  # repeatable: --reward-fn a.py:f --reward-fn b.py:g
-            kwargs.update(action="append", metavar="STR")
+        if _list_item_type(tp) is str:  # --reward-fn a.py:f b.py:g, or repeated: --reward-fn a.py:f --reward-fn b.py:g
+            kwargs.update(action="extend", nargs="+", metavar="STR")
         elif _list_item_type(tp) is float:
             kwargs["metavar"] = "FLOAT,FLOAT,..."
         elif tp is bool:
             kwargs.update(nargs="?", const="true", metavar="BOOL")
-        elif typing.get_origin(tp) is Literal:
-            kwargs["metavar"] = "{" + ",".join(map(str, typing.get_args(tp))) + "}"
+        elif choices(tp) is not None:
+            kwargs["metavar"] = "{" + ",".join(map(str, choices(tp))) + "}"
         else:
             kwargs["metavar"] = {int: "INT", float: "FLOAT"}.get(tp, "STR")
         groups[title].add_argument(*flags, **kwargs)
@@ -329,6 +329,11 @@ def _describe(value: Any) -> Any:
 
 def _is_function(value: Any) -> bool:
     return callable(value) and not isinstance(value, str)
+
+
+def described_options(config: Any) -> dict[str, Any]:
+    """``flat_dict`` with Python callables (given through the Python API) named as ``config.yaml`` records them."""
+    return {name: _describe(value) for name, value in flat_dict(config).items()}
 
 
 def save_config(config: Any, output_dir: str | Path) -> Path:

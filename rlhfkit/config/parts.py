@@ -8,7 +8,7 @@ Options that several parts share (seed, cpu, batch size, trust-remote-code, prom
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from rlhfkit.config import options
@@ -42,7 +42,8 @@ class DataArgs:
     """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo: the held-out prompts
     that --gold-judge scores every --gold-steps)."""
     max_length: int = 256
-    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start)."""
+    """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start) and
+    counted in a note at the start."""
     max_prompt_length: int = options.max_prompt_length()
 
 
@@ -78,6 +79,16 @@ class RunArgs:
     seed: int = options.seed()
     logging_steps: int = 1
     """Log metrics every N steps."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers that get the logged metrics and the run's options (metrics.jsonl is written in any
+    case): tensorboard (to OUT/tensorboard/), wandb, trackio, mlflow; several at once (--report-to wandb
+    tensorboard, or wandb,tensorboard), all (every one installed) or none. wandb, trackio and mlflow are
+    installed apart: pip install 'rlhfkit[wandb]' (or [trackio], [mlflow]); see docs/trackers.md."""
+    project: str = ""
+    """The trackers' project (mlflow: experiment); unset: WANDB_PROJECT or MLFLOW_EXPERIMENT_NAME when set, else
+    rlhfkit."""
+    run_name: str = ""
+    """The run's name in the trackers; unset: the --output-dir folder's name."""
     eval_steps: int = 0
     """Evaluate on --eval-data every N steps (0: only at the end)."""
     save_steps: int = 0
@@ -94,6 +105,7 @@ class RunArgs:
     progress: bool = True
     """Show a progress bar."""
     dist_timeout: int = options.dist_timeout()
+    accel: Literal["auto", "off"] = options.accel()
 
 
 @dataclass
@@ -101,13 +113,17 @@ class PackingArgs:
     pack_sequences: bool = True
     """Run teacher-forced passes (forward/backward, log-probs, values, reward scores) on packed rows: several
 sequences per row with block-diagonal attention instead of padding; same results, fewer positions. For GPT-2,
-Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on batches where it is estimated cheaper; false: padded."""
+Llama, Qwen2, GPT-NeoX with sdpa/eager attention, on the CPU under --accel auto, on batches where it is estimated
+cheaper; false: padded."""
 
 
 @dataclass
 class GenerationArgs:
     max_new_tokens: int = 32
     """Most tokens sampled per response; sampling stops early at EOS."""
+    truncate_prompts: bool = False
+    """Keep the last --max-prompt-length tokens of a longer prompt (a note at the start counts them); false: a
+    prompt longer than --max-prompt-length stops the run, saying how many there are and the longest."""
     temperature: float = 1.0
     """Sampling temperature (> 0)."""
     top_k: int = 0
@@ -117,4 +133,4 @@ class GenerationArgs:
     compile_decode: bool = False
     """Compile the one-token decode step with torch.compile (GPT-2, Llama, Qwen2): tens of seconds to compile once
 per process, then faster sampling where the step is dispatch-bound (small models on CPU); no gain for a model
-whose step is its matmuls. Samples match the eager step's up to float rounding."""
+whose step is its matmuls. Samples match the eager step's up to float rounding. Applies under --accel auto only."""

@@ -17,7 +17,7 @@ import torch
 from rlhfkit.accel.packing import can_pack, pack_batch
 from rlhfkit.config.commands import EvalConfig
 from rlhfkit.data.collate import pad_with_mask
-from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.schema import load_examples
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.data.text_stats import text_stats
@@ -63,15 +63,18 @@ def evaluate_policy(
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
     ranks: Ranks | None = None,
+    data_path: str = "the prompts",
 ) -> tuple[dict, list[dict]]:
     """Sample one response per prompt and measure them; returns (metrics, sample rows). With ``ranks`` of
     several processes, each samples and scores a contiguous share (seed + rank) and every process returns
     the metrics and rows of all prompts."""
     ranks = ranks or Ranks()
     tokenizer = load_tokenizer(policy_dir, trust_remote_code)
+    every = encode_prompts(tokenizer, prompts, max_prompt_length, generation.truncate_prompts, data_path)
+    check_generation_fits(policy_dir, every, generation.max_new_tokens)
     policy = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
-    mine = [prompts[i] for i in ranks.span(len(prompts))]
-    prompt_ids = [encode_prompt(tokenizer, p, max_prompt_length) for p in mine]
+    span = ranks.span(len(prompts))
+    mine, prompt_ids = [prompts[i] for i in span], [every[i] for i in span]
     torch.manual_seed(seed + ranks.rank)
     responses = sample_responses(policy, tokenizer, prompt_ids, generation, batch_size, device)
     texts = [decode(tokenizer, r) for r in responses]
@@ -134,6 +137,7 @@ def run(cfg: EvalConfig) -> dict:
         device=state.device,
         trust_remote_code=cfg.model.trust_remote_code,
         ranks=ranks,
+        data_path=cfg.io.data,
     )
     if not ranks.is_main:
         return metrics

@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import GenerateConfig
-from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
@@ -38,11 +38,13 @@ def run(cfg: GenerateConfig) -> Path:
 
     # 2. Model, tokenizer, prompt ids.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    prompts, truncate = [ex.prompt for ex in examples], cfg.generation.truncate_prompts
+    prompts_ids = encode_prompts(tokenizer, prompts, cfg.io.max_prompt_length, truncate, cfg.io.data)
+    check_generation_fits(cfg.model.model, prompts_ids, cfg.generation.max_new_tokens)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
     ranks, device = Ranks(state.process_index, state.num_processes), state.device
     model.to(device)
-    prompts_ids = [encode_prompt(tokenizer, ex.prompt, cfg.io.max_prompt_length) for ex in examples]
     for i, ids in enumerate(prompts_ids):
         if not ids:
             raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from rlhfkit.accel.kernels import head_product
+from rlhfkit.accel import vocab
 from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch, prompt_first, split_head
 from rlhfkit.data.collate import SequenceBatch
-from rlhfkit.ops import entropy_from_logits, logprobs_from_logits, vocab_chunks
-from rlhfkit.ops.vocab_chunks import head_logprobs
 
 
 def next_token_logits(
@@ -41,9 +39,9 @@ def token_logprobs(
     logits = next_token_logits(model, batch.input_ids, batch.attention_mask, pack_sequences).float()
     if temperature != 1.0:
         logits = logits / temperature
-    logprobs = logprobs_from_logits(logits, batch.input_ids[:, 1:])
+    logprobs = vocab.logprobs(logits, batch.input_ids[:, 1:])
     mask = batch.response_mask[:, 1:].to(logprobs.dtype)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = vocab.entropy(logits) if with_entropy else None
     return logprobs, mask, entropy
 
 
@@ -78,7 +76,7 @@ def labelled_logprobs(
                 input_ids, attention_mask = ids, attn
                 mask = (attn.bool() & (columns >= width))[:, 1:]  # each row's labels, in the same order
     states = stack_states(model, body, input_ids, attention_mask, 0, input_ids.shape[1] - 1, packed)
-    return head_logprobs(states[mask], weight, input_ids[:, 1:][mask], product=product)[0]
+    return vocab.head_logprobs(states[mask], weight, input_ids[:, 1:][mask], product=product)[0]
 
 
 def sequence_logprobs(model, batch: SequenceBatch, pack_sequences: bool = False) -> torch.Tensor:
@@ -130,19 +128,19 @@ def stack_states(model, body, input_ids, attention_mask, start: int, stop: int, 
 
 
 def fused_head(model, n_rows: int):
-    """The transformer stack, the LM head's weight and the way its block products run (``vocab_chunks.Product``:
+    """The transformer stack, the LM head's weight and the way its block products run (``vocab.Product``:
     oneDNN's where the head was swapped to it) when the log-probs of ``n_rows`` positions should be taken without
-    building their logits (``rlhfkit.ops.vocab_chunks.head_logprobs``): when those logits would exceed one block
-    of ``CHUNK_ELEMENTS`` entries and the head is a plain bias-free linear layer; else None."""
+    building their logits (``rlhfkit.accel.vocab.head_logprobs``): when the block-wise path applies to those
+    logits (``vocab.blocks_apply``) and the head is a plain bias-free linear layer; else None."""
     parts = split_head(model)
     if parts is None:
         return None
     body, head = parts
     if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return None  # e.g. a LoRA-adapted head: its own forward must run
-    if n_rows * head.out_features <= vocab_chunks.CHUNK_ELEMENTS:
+    if not vocab.blocks_apply(n_rows * head.out_features, head.weight.device):
         return None
-    return body, head.weight, head_product(head) or vocab_chunks.PLAIN
+    return body, head.weight, vocab.head_product(head) or vocab.PLAIN
 
 
 def response_token_stats(
@@ -166,12 +164,12 @@ def response_token_stats(
         logits = logits.float()
         if temperature != 1.0:  # at 1 no second [B, T, V] tensor
             logits = logits / temperature
-        entropy = entropy_from_logits(logits) if with_entropy else None
-        return logprobs_from_logits(logits, labels), entropy, states
+        entropy = vocab.entropy(logits) if with_entropy else None
+        return vocab.logprobs(logits, labels), entropy, states
     body, weight, product = fused
     L = input_ids.shape[1]  # position t predicts token t + 1
     states = stack_states(model, body, input_ids, attention_mask, L - n_response - 1, L - 1, packed)
-    logprobs, entropy = head_logprobs(states, weight, labels, temperature, with_entropy, product)
+    logprobs, entropy = vocab.head_logprobs(states, weight, labels, temperature, with_entropy, product)
     return logprobs, entropy, states if hidden else None
 
 

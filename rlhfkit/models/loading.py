@@ -79,38 +79,93 @@ def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **k
 
 
 def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):
-    """``AutoModelForCausalLM`` from a local directory, its pad token id set from the tokenizer."""
+    """``AutoModelForCausalLM`` from a local directory, its pad token id set from the tokenizer. A reward
+    model's directory is refused before loading (``check_kind``)."""
     from transformers import AutoModelForCausalLM
 
+    check_kind(path, "causal LM")
     model = load_pretrained(AutoModelForCausalLM, path, "causal LM", trust_remote_code)
     if tokenizer is not None:
         match_tokenizer(model, tokenizer, path)
     return model
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def position_limit(path: str) -> tuple[int, str] | None:
+    """The most positions the model at ``path`` reads, and the config.json key that says so (a multimodal
+    model's ``text_config`` included); None when its config names no limit."""
+    config = json.loads((Path(model_folder(path)) / "config.json").read_text(encoding="utf-8"))
+    for part in (config, config.get("text_config") if isinstance(config, dict) else None):
+        if not isinstance(part, dict):
+            continue
+        for key in POSITION_KEYS:
+            value = part.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, key
+    return None
+
+
+def architectures(path: str) -> list[str]:
+    """The model classes a checked model directory's config.json names (``architectures``)."""
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    names = config.get("architectures") if isinstance(config, dict) else None
+    return [str(name) for name in names or []]
+
+
 def causal_lm_class(path: str) -> str | None:
     """The class a checked model directory's config.json names when it is a language model (e.g.
     ``GPT2LMHeadModel``, ``LlamaForCausalLM``) and not a sequence classifier; None otherwise."""
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    names = (config.get("architectures") if isinstance(config, dict) else None) or []
-    if any("ForSequenceClassification" in str(name) for name in names):
+    names = architectures(path)
+    if any("ForSequenceClassification" in name for name in names):
         return None
-    lm = [str(name) for name in names if str(name).endswith(("ForCausalLM", "LMHeadModel"))]
+    lm = [name for name in names if name.endswith(("ForCausalLM", "LMHeadModel"))]
     return lm[0] if lm else None
 
 
-def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None):
-    """``AutoModelForSequenceClassification`` with one output (the scalar reward). A causal LM's directory
-    is refused before loading: transformers would give it a random two-output head."""
-    from transformers import AutoModelForSequenceClassification
+def classifier_class(path: str) -> str | None:
+    """What makes a checked model directory a reward model: the sequence-classifier class its config.json
+    names (e.g. ``GPT2ForSequenceClassification``), or rlhfkit's score statistics beside it (``rlhfkit rm``
+    writes them); None otherwise."""
+    from rlhfkit.models.reward import STATS_FILE
 
-    lm = causal_lm_class(str(check_model_dir(path, "reward model")))
+    names = [name for name in architectures(path) if name.endswith("ForSequenceClassification")]
+    if names:
+        return names[0]
+    return f"made by rlhfkit rm: {STATS_FILE}" if (Path(path) / STATS_FILE).is_file() else None
+
+
+def check_kind(path: str, expected: str) -> None:
+    """Raise a UserError, before any weights load, when the directory at ``path`` is the other kind of model
+    than ``expected`` ("causal LM": a language model that generates, for a policy, a reference, generation
+    and evaluation; "reward model": a sequence classifier with one output that scores). Decided by
+    config.json's ``architectures`` (and rlhfkit's reward statistics); a directory naming neither passes."""
+    folder = str(check_model_dir(path, expected))
+    if expected == "causal LM":
+        classifier = classifier_class(folder)
+        if classifier is not None:
+            raise UserError(
+                f"{path}: is a reward model ({classifier}), not a causal LM: a policy, reference or model to "
+                "sample from must be a language model that generates text (e.g. the SFT model a reward model "
+                "was trained from)"
+            )
+        return
+    lm = causal_lm_class(folder)
     if lm is not None:
         train = invocation("rm", model=str(path), data="PREFS.jsonl", output_dir="OUT")
         raise UserError(
             f"{path}: is a causal LM ({lm}), not a reward model (a sequence classifier with one output); "
             f"train a reward model from it on preference pairs: {train}"
         )
+
+
+def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None):
+    """``AutoModelForSequenceClassification`` with one output (the scalar reward). A causal LM's directory
+    is refused before loading (``check_kind``): transformers would give it a random two-output head."""
+    from transformers import AutoModelForSequenceClassification
+
+    check_kind(path, "reward model")
     model = load_pretrained(AutoModelForSequenceClassification, path, "reward model", trust_remote_code)
     if model.config.num_labels != 1:
         raise UserError(f"{path}: a reward model needs one output label, this one has {model.config.num_labels}")

@@ -30,7 +30,8 @@ class Conversation:
     """One rollout row. ``ids``: every token after ``prompt_ids`` (the model's and the spliced ones);
     ``actions[i]``: 1 where ``ids[i]`` was sampled by the policy; ``turn_ends``: index in ``ids`` of each
     model turn's last token; ``turn_rewards``: ``(index in ids, reward)`` for each reward the environment
-    gave; ``reply_ids``: the last reply's tokens."""
+    gave; ``reply_ids``: the last reply's tokens; ``opening``: how many of the first ``messages`` the
+    conversation opened with (the row's prompt, or the environment's opening)."""
 
     messages: list[dict]
     prompt_ids: list[int]
@@ -45,6 +46,7 @@ class Conversation:
     truncated: bool = False
     done: bool = False
     env: object = None
+    opening: int = 0
 
     @property
     def turns(self) -> int:
@@ -79,7 +81,7 @@ class MultiTurn:
             env = self.env.make(row)
             opening = self.env.reset(env, row, {"prompt": prompt, **columns})
             messages = opening or messages
-        return Conversation(messages, self.splicer.opening(messages), env=env)
+        return Conversation(messages, self.splicer.opening(messages), env=env, opening=len(messages))
 
     def rollout(
         self, model, prompts: list, rows: list[int], columns: dict[str, list], generation, device, engine=None

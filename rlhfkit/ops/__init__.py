@@ -24,11 +24,17 @@ from .kl import kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, KLController
 from .logprobs import logprobs_from_logits
 from .losses import (
+    POLICY_LOSSES,
+    PPOLossConfig,
+    PPOLossTerms,
     bradley_terry_loss,
     dpo_loss,
     entropy_from_logits,
+    get_policy_loss,
+    ppo_loss,
     ppo_policy_loss,
     ppo_policy_loss_per_token,
+    register_policy_loss,
     sequence_ratio_policy_loss,
     value_loss,
 )
@@ -36,6 +42,9 @@ from .stats import explained_variance, masked_mean, masked_var, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "PPOLossConfig",
+    "PPOLossTerms",
     "AdaptiveKLController",
     "AdvantageConfig",
     "AdvantageEstimator",
@@ -49,6 +58,7 @@ __all__ = [
     "explained_variance",
     "gae",
     "get_advantage_estimator",
+    "get_policy_loss",
     "grpo_advantages",
     "kl_penalty",
     "logprob_gap",
@@ -57,9 +67,11 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "per_token_rewards",
+    "ppo_loss",
     "ppo_policy_loss",
     "ppo_policy_loss_per_token",
     "register_advantage_estimator",
+    "register_policy_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline",
     "rloo_advantages",

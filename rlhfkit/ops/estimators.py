@@ -8,14 +8,15 @@ Every estimator is called as
                                β·KL_t if the KL is in the reward (:func:`rlhfkit.ops.per_token_rewards`)
     mask           ``[B, T]``  1 on real response tokens, 0 on padding
     config         :class:`AdvantageConfig`, the hyper-parameters (each estimator reads the ones it needs)
-    values         ``[B, T]``  value-head predictions; required where ``needs_values`` is True, else unused
+    values         ``[B, T]``  value-head predictions; required where ``needs_critic`` is True, else unused
     advantages     ``[B, T]``  0 on padding
     returns        ``[B, T]``  the value-head target for critic estimators; for critic-free ones the
                                un-normalised return each token's advantage was made from, for logging
 
 Outcome (group) estimators read the sequence score s_b = Σ_t r_t·m_t and broadcast one advantage per
 completion over its real tokens. Adding an algorithm is adding a function with
-:func:`register_advantage_estimator`.
+:func:`register_advantage_estimator`; its metadata (``needs_critic``, ``compares_group``) is all the trainers
+and the configs read, so the new name is at once a valid ``--advantage`` choice.
 """
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ class AdvantageFn(Protocol):
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """A registered estimator: ``fn`` and whether it needs a value head (``needs_values``)."""
+    """A registered estimator: ``fn`` and its metadata.
+
+    ``needs_critic``: it reads a value function's predictions (the trainer then builds one, trains it on the
+    returns, and whitens the advantages with --whiten-advantages). ``compares_group``: it compares the G
+    completions of a prompt (it needs G >= 2, and a group whose rewards are all equal carries no signal)."""
 
     name: str
     fn: AdvantageFn
-    needs_values: bool
+    needs_critic: bool = False
+    compares_group: bool = False
 
     def __call__(
         self,
@@ -71,7 +77,7 @@ class AdvantageEstimator:
         config: AdvantageConfig,
         values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        if self.needs_values and values is None:
+        if self.needs_critic and values is None:
             raise ValueError(f"advantage estimator {self.name!r} needs values from a value head")
         return self.fn(token_rewards, mask, config, values)
 
@@ -79,13 +85,16 @@ class AdvantageEstimator:
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
-def register_advantage_estimator(name: str, *, needs_values: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator adding ``fn(token_rewards, mask, config, values)`` to :data:`ADVANTAGE_ESTIMATORS`."""
+def register_advantage_estimator(
+    name: str, *, needs_critic: bool = False, compares_group: bool = False
+) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator adding ``fn(token_rewards, mask, config, values)`` to :data:`ADVANTAGE_ESTIMATORS` under
+    ``name``, with its metadata (:class:`AdvantageEstimator`)."""
 
     def register(fn: AdvantageFn) -> AdvantageFn:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_values)
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_critic, compares_group)
         return fn
 
     return register
@@ -108,14 +117,14 @@ def _broadcast(per_sequence: Tensor, mask: Tensor) -> Tensor:
     return per_sequence.unsqueeze(-1) * mask.to(per_sequence.dtype)
 
 
-@register_advantage_estimator("gae", needs_values=True)
+@register_advantage_estimator("gae", needs_critic=True)
 def _gae(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """GAE(γ, λ) (Schulman et al. 2016): :func:`rlhfkit.ops.gae`."""
     assert values is not None  # checked by AdvantageEstimator.__call__
     return gae(token_rewards, values, mask, config.gamma, config.lam)
 
 
-@register_advantage_estimator("sequence", needs_values=True)
+@register_advantage_estimator("sequence", needs_critic=True)
 def _sequence(
     token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None
 ) -> tuple[Tensor, Tensor]:
@@ -124,7 +133,7 @@ def _sequence(
     return sequence_advantage(token_rewards, values, mask)
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", compares_group=True)
 def _grpo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024) on s_b: :func:`rlhfkit.ops.grpo_advantages` with ``config.scale``, ``eps``."""
     scores = _scores(token_rewards, mask)
@@ -132,7 +141,7 @@ def _grpo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: 
     return _broadcast(advantages, mask), _broadcast(scores, mask)
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", compares_group=True)
 def _rloo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024) on s_b: :func:`rlhfkit.ops.rloo_advantages`."""
     scores = _scores(token_rewards, mask)
@@ -147,7 +156,7 @@ def _reinforce_pp(
     return reinforce_pp_advantages(token_rewards, mask, config.gamma)
 
 
-@register_advantage_estimator("reinforce_pp_baseline")
+@register_advantage_estimator("reinforce_pp_baseline", compares_group=True)
 def _reinforce_pp_baseline(
     token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None
 ) -> tuple[Tensor, Tensor]:

@@ -1,4 +1,5 @@
-"""Losses: PPO policy (clip-higher, sequence ratio) and value, entropy, Bradley–Terry reward model, DPO / IPO.
+"""Losses: PPO's whole loss (``ppo_loss``) from its policy losses (a registry: token ratio, sequence ratio), value
+loss, entropy and KL terms; Bradley–Terry reward model; DPO / IPO.
 
 Shapes: ``[B, T]`` = batch × response tokens; ``mask`` is 1 on real tokens, 0 on padding.
 """
@@ -6,13 +7,56 @@ Shapes: ``[B, T]`` = batch × response tokens; ``mask`` is 1 on real tokens, 0 o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
-from . import vocab_chunks
+from .aggregation import aggregate_loss
+from .engine_mismatch import truncated_importance_weights
+from .kl import kl_penalty
 from .stats import masked_mean
-from .vocab_chunks import chunked_entropy
+
+
+class PolicyLossFn(Protocol):
+    """``fn(logprobs, old_logprobs, advantages, mask, clip_eps, *, clip_eps_high) -> (per_token [B, T], stats)``,
+    ``stats`` holding the detached ``clipfrac`` and ``approx_kl``."""
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_eps: float,
+        *,
+        clip_eps_high: float | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+"""The policy losses by name (``--importance-ratio``); :func:`register_policy_loss` adds one."""
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator adding a per-token policy loss (:class:`PolicyLossFn`) to :data:`POLICY_LOSSES` as ``name``."""
+
+    def register(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return register
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """The policy loss registered as ``name``; ValueError naming the known ones otherwise."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; choose one of {', '.join(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
 
 
 def _clip_bounds(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
@@ -33,6 +77,7 @@ def _clipped_surrogate(
     return per_token, clipped > unclipped
 
 
+@register_policy_loss("token")
 def ppo_policy_loss_per_token(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -91,6 +136,7 @@ def ppo_policy_loss(
     return masked_mean(per_token, mask), stats
 
 
+@register_policy_loss("sequence")
 def sequence_ratio_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -155,17 +201,124 @@ def value_loss(
     return loss, {"clipfrac": masked_mean((clipped > unclipped).to(values.dtype), mask).detach()}
 
 
+@dataclass(frozen=True)
+class PPOLossConfig:
+    """The coefficients and choices of :func:`ppo_loss`."""
+
+    policy_loss: str = "token"
+    """A name in :data:`POLICY_LOSSES`: "token" (PPO) or "sequence" (one ratio per completion, RLOO)."""
+    clip_eps: float = 0.2
+    """ε of the ratio's clip (the lower one when ``clip_eps_high`` is set)."""
+    clip_eps_high: float | None = None
+    """ε_high of the ratio's clip (clip-higher, DAPO); None: ``clip_eps``."""
+    vf_coef: float = 0.1
+    """c1, the value loss's weight."""
+    value_clip: float | None = 0.2
+    """c of the value clip; None: no clip."""
+    entropy_coef: float = 0.0
+    """c2, the entropy bonus's weight."""
+    kl_coef: float = 0.0
+    """β_loss, the weight of the KL-to-reference term in the loss."""
+    aggregation: str = "token-mean"
+    """How the policy, entropy and KL terms reduce their tokens: a mode of :func:`rlhfkit.ops.aggregate_loss`."""
+    max_len: int | None = None
+    """The normaliser's length of "seq-mean-token-sum-norm" (the generation limit)."""
+    importance_sampling_cap: float | None = None
+    """C of the truncated importance weights against a separate sampling engine (given ``engine_logprobs``);
+    None: no correction."""
+
+
+class PPOLossTerms(NamedTuple):
+    """The detached terms of one :func:`ppo_loss`, unweighted; None where the term was left out."""
+
+    total: Tensor
+    """The loss itself (detached)."""
+    policy: Tensor | None
+    """L_clip."""
+    entropy: Tensor | None
+    """H, the aggregated entropy."""
+    clipfrac: Tensor | None
+    """Fraction of tokens (sequence ratio: rows) where the clipped surrogate is the larger."""
+    approx_kl: Tensor | None
+    """½(lp − lp_old)² over tokens, the k2 estimate of the KL to the rollout policy."""
+    value: Tensor | None
+    """L_V."""
+    value_clipfrac: Tensor | None
+    """Fraction of tokens where the clipped value error is the larger."""
+    kl: Tensor | None
+    """The aggregated k3 KL to the reference."""
+
+
+def ppo_loss(
+    config: PPOLossConfig,
+    mask: Tensor,
+    *,
+    logprobs: Tensor | None = None,
+    old_logprobs: Tensor | None = None,
+    advantages: Tensor | None = None,
+    entropy: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    values: Tensor | None = None,
+    old_values: Tensor | None = None,
+    returns: Tensor | None = None,
+    engine_logprobs: Tensor | None = None,
+) -> tuple[Tensor, PPOLossTerms]:
+    """The PPO loss of one (micro-)batch (Schulman et al. 2017, eq. 9, as a loss) -> ``(scalar, terms)``.
+
+        L = L_clip + c1·L_V − c2·H + β_loss·KL
+
+        L_clip = agg(w_t · l_t)     l_t from the policy loss ``config.policy_loss`` (:data:`POLICY_LOSSES`)
+        L_V    = value_loss(V, V_old, R)    (½ · token mean of the clipped squared error)
+        H      = agg(H_t)           the policy's entropy per token
+        KL     = agg(k3(lp, lp_ref))        k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1 (Schulman 2020)
+
+    ``agg`` is :func:`rlhfkit.ops.aggregate_loss` with ``config.aggregation``. ``w_t`` is 1, or with
+    ``engine_logprobs`` (the log-probs of the engine that sampled the tokens) and
+    ``config.importance_sampling_cap`` C the truncated importance weight min(pi_old / pi_engine, C)
+    (:func:`rlhfkit.ops.truncated_importance_weights`). Each term is there when its
+    inputs are: the policy terms with ``logprobs`` (and ``old_logprobs``, ``advantages``), H with ``entropy``,
+    KL with ``ref_logprobs``, L_V with ``values`` (and ``old_values``, ``returns``); so a pass over the policy
+    alone gives L − c1·L_V and a pass over the value function alone c1·L_V, which add up to L.
+    All tensors ``[B, T]``; ``mask`` 1 on the tokens that get a gradient.
+    """
+    zero = mask.new_zeros((), dtype=torch.float32)
+    loss = zero
+    policy = entropy_term = clipfrac = approx_kl = value = value_clipfrac = kl = None
+    if logprobs is not None:
+        per_token, stats = get_policy_loss(config.policy_loss)(
+            logprobs, old_logprobs, advantages, mask, config.clip_eps, clip_eps_high=config.clip_eps_high
+        )
+        if engine_logprobs is not None and config.importance_sampling_cap is not None:
+            cap = config.importance_sampling_cap
+            per_token = per_token * truncated_importance_weights(old_logprobs, engine_logprobs, mask, cap)
+        policy = aggregate_loss(per_token, mask, config.aggregation, config.max_len)
+        clipfrac, approx_kl = stats["clipfrac"], stats["approx_kl"]
+        loss = policy
+    if values is not None:
+        value, value_stats = value_loss(values, old_values, returns, mask, config.value_clip)
+        value_clipfrac = value_stats["clipfrac"]
+        loss = loss + config.vf_coef * value
+    if entropy is not None:
+        entropy_term = aggregate_loss(entropy, mask, config.aggregation, config.max_len)
+        loss = loss - config.entropy_coef * entropy_term
+    if ref_logprobs is not None:
+        kl = aggregate_loss(kl_penalty(logprobs, ref_logprobs, "k3"), mask, config.aggregation, config.max_len)
+        loss = loss + config.kl_coef * kl
+    detached = [x.detach() if x is not None else None for x in (policy, entropy_term, value, kl)]
+    terms = PPOLossTerms(
+        loss.detach(), detached[0], detached[1], clipfrac, approx_kl, detached[2], value_clipfrac, detached[3]
+    )
+    return loss, terms
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the softmax distribution over the last dim: ``[..., V]`` -> ``[...]`` (e.g. ``[B, T]``).
 
         H = −Σ_v p_v·log p_v,  p = softmax(logits), log p = log_softmax(logits)
     log_softmax keeps it stable for large logits; tokens with p = 0 (logit −inf, e.g. after
-    top-k filtering) contribute 0 rather than NaN. Logits of more than ``CHUNK_ELEMENTS`` entries (a real
-    vocabulary) go block by block (``chunked_entropy``): the same values and gradients, in float32, without
-    the four ``[B, T, V]`` temporaries of the plain formula.
+    top-k filtering) contribute 0 rather than NaN. At a real vocabulary ``chunked_entropy`` gives the same
+    values and gradients, in float32, without the four ``[B, T, V]`` temporaries of this formula.
     """
-    if logits.numel() > vocab_chunks.CHUNK_ELEMENTS and logits.dtype != torch.float64:
-        return chunked_entropy(logits)
     log_probs = F.log_softmax(logits, dim=-1)
     probs = log_probs.exp()
     # Zero the −inf log-probs before multiplying: 0·(−inf) would be NaN in the value and the gradient.

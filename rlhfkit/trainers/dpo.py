@@ -25,6 +25,7 @@ import torch
 from rlhfkit.config.commands import DPOConfig
 from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
+from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import load_examples
 from rlhfkit.models.forward import sequence_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
@@ -145,9 +146,14 @@ def pair_losses(policy_logps: torch.Tensor, ref_logps: torch.Tensor, args) -> tu
     return losses, {k: float(v) for k, v in sums.items()}
 
 
-def encode_all(tokenizer, examples, data_args) -> list[Pair]:
+def encode_all(tokenizer, examples, data_args, path: str = "", model: str = "") -> list[Pair]:
+    """The pairs' ids; with ``path`` and ``model``, the rows cut to fit --max-length are counted in a note and
+    one longer than the model's positions stops the run (``rlhfkit.data.lengths.report_pair_rows``)."""
     # encode_pair keeps at least one response token (EOS at worst), so every pair has something to compare.
-    return [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+    pairs = [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+    if path and model:
+        report_pair_rows(pairs, path, data_args, model)
+    return pairs
 
 
 @torch.no_grad()
@@ -182,14 +188,14 @@ def train(cfg: DPOConfig) -> dict:
 
     # 2. Policy, reference, tokenizer, encoded pairs. Dropout off: the loss compares log-probs of two models.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    train_pairs = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data, cfg.model.model)
+    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     disable_dropout(model)  # before LoRA, so an explicit --lora-dropout still applies to the adapters
     lora = cfg.lora.lora_r > 0
     frozen = [] if lora else [copy.deepcopy(model).requires_grad_(False).eval()]
     if lora:
         model = apply_lora(model, cfg.lora)
-    train_pairs = encode_all(tokenizer, train_examples, cfg.data)
-    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data)
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 
     # 3. The reference, the batch and the loss; the shared loop does the rest.

@@ -25,6 +25,7 @@ from accelerate import PartialState
 from rlhfkit.config.commands import RMConfig
 from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
+from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.reward import (
@@ -36,7 +37,7 @@ from rlhfkit.models.reward import (
     sequence_scores,
 )
 from rlhfkit.ops import bradley_terry_loss
-from rlhfkit.training import engines
+from rlhfkit.training import engines, trackers
 from rlhfkit.training.batches import chunks
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
@@ -68,8 +69,12 @@ class PairBatch:
         return self.margin.shape[0]
 
 
-def encode_all(tokenizer, examples: list[PreferenceExample], data_args) -> Pairs:
+def encode_all(tokenizer, examples: list[PreferenceExample], data_args, path: str = "", model: str = "") -> Pairs:
+    """The pairs' ids; with ``path`` and ``model``, the rows cut to fit --max-length are counted in a note and
+    one longer than the model's positions stops the run (``rlhfkit.data.lengths.report_rows``)."""
     pairs = [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
+    if path and model:
+        report_pair_rows(pairs, path, data_args, model)
     return Pairs([c for c, _ in pairs], [r for _, r in pairs], [ex.margin or 0.0 for ex in examples])
 
 
@@ -173,12 +178,14 @@ def train(cfg: RMConfig) -> dict:
 
 
 def _member_config(cfg: RMConfig, i: int) -> RMConfig:
-    """Member i: seed + i, in OUT (i = 0) or OUT/member-i, resuming only if it has a checkpoint."""
+    """Member i: seed + i, in OUT (i = 0) or OUT/member-i, resuming only if it has a checkpoint; in the trackers
+    the run RUN_NAME-member-i."""
     if i == 0:
         return cfg
     out = Path(cfg.run.output_dir) / f"member-{i}"
     resume = cfg.run.resume and Checkpointer(out).latest() is not None
-    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume)
+    name = f"{trackers.run_name(cfg.run)}-member-{i}"
+    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume, run_name=name)
     return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
 
 
@@ -191,10 +198,11 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     # 1. Model (the new head's initialisation depends on the seed), tokenizer, encoded pairs.
     seed_everything(cfg.run.seed)
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    train_pairs = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data, cfg.model.model)
+    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
+    eval_pairs = eval_pairs if eval_examples else None
     model = build_reward_model(cfg.model.model, tokenizer, cfg.model.trust_remote_code)
     disable_dropout(model)
-    train_pairs = encode_all(tokenizer, train_examples, cfg.data)
-    eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from rlhfkit.config.commands import SFTConfig
 from rlhfkit.data.collate import collate_sft
-from rlhfkit.data.encode import IGNORE_INDEX, encode_sft
+from rlhfkit.data.encode import IGNORE_INDEX, encode_sft_counted
+from rlhfkit.data.lengths import report_rows
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import labelled_logprobs, next_token_logits
@@ -38,21 +39,27 @@ def token_loss_sum(model, batch: dict, pack_sequences: bool = False) -> tuple[to
     return loss, int((labels != IGNORE_INDEX).sum())
 
 
-def encode_all(tokenizer, examples, data_args, path: str) -> list:
+def encode_all(tokenizer, examples, data_args, path: str, model: str = "") -> list:
+    """Each row's ``(input_ids, labels)``; the rows cut to fit --max-length are counted in a note, and a row
+    longer than ``model``'s positions (when given) stops the run (``rlhfkit.data.lengths.report_rows``)."""
     from jinja2 import TemplateError
 
-    items = []
+    items, full = [], []
     for i, ex in enumerate(examples):
         try:
-            items.append(encode_sft(tokenizer, ex, data_args.max_length, data_args.max_prompt_length))
+            ids, labels, length = encode_sft_counted(tokenizer, ex, data_args.max_length, data_args.max_prompt_length)
         except (ValueError, TemplateError) as exc:  # the tokenizer's chat template rejects this conversation
             raise UserError(f"{path}: row {i + 1}: field 'messages': {exc}") from None
+        items.append((ids, labels))
+        full.append(length)
     for i, (_, labels) in enumerate(items):
         if all(label == IGNORE_INDEX for label in labels[1:]):
             raise UserError(
-                f"{path}: row {i + 1}: no completion tokens left after truncation to "
+                f"{path}: row {i + 1}: {full[i]} tokens, no completion tokens left after truncation to "
                 f"{option('max_length', data_args.max_length)}"
             )
+    if model:
+        report_rows(full, [len(ids) for ids, _ in items], path, data_args, model)
     return items
 
 
@@ -75,11 +82,11 @@ def train(cfg: SFTConfig) -> dict:
 
     # 2. Model, tokenizer, encoded data.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+    train_items = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data, cfg.model.model)
+    eval_items = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     if cfg.lora.lora_r > 0:
         model = apply_lora(model, cfg.lora)
-    train_items = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data)
-    eval_items = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data) if eval_examples else []
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 
     # 3. The batch and the loss; the shared loop does the rest.

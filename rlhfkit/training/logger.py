@@ -1,4 +1,5 @@
-"""Metrics to ``metrics.jsonl`` and TensorBoard, and a progress bar, from the main process only."""
+"""Metrics to ``metrics.jsonl`` and the experiment trackers (``--report-to``), and a progress bar, from the main
+process only."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from rlhfkit.training import trackers
 
 
 def _clean(value):
@@ -24,7 +27,8 @@ def _step_of(line: str) -> float:
 
 
 class MetricsLogger:
-    """``log(step, {...})`` appends one JSON line (with ``"step"``) and TensorBoard scalars.
+    """``log(step, {...})`` appends one JSON line (with ``"step"``) and sends the same values to the trackers
+    of ``accelerator`` (started by ``trackers.start``; none: metrics.jsonl only).
 
     On resume, lines after the resumed step are dropped so the file reads as one uninterrupted run.
     """
@@ -37,10 +41,10 @@ class MetricsLogger:
         enabled: bool = True,
         progress: bool = True,
         desc: str = "training",
+        accelerator=None,
     ):
-        self.enabled, self.desc = enabled, desc
+        self.enabled, self.desc, self.accelerator = enabled, desc, accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
-        self.writer = None
         self.bar = None
         if not enabled:
             return
@@ -49,9 +53,6 @@ class MetricsLogger:
         if start_step > 0 and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= start_step]
         self.path.write_text("".join(line + "\n" for line in kept))
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
         self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, disable=not progress, dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -60,9 +61,8 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
-        for key, value in record.items():
-            if key != "step" and value is not None:
-                self.writer.add_scalar(key, value, step)
+        if self.accelerator is not None:
+            trackers.log(self.accelerator, step, {k: v for k, v in record.items() if k != "step"})
         shown = {
             k: f"{v:.4g}"
             for k, v in record.items()
@@ -71,8 +71,8 @@ class MetricsLogger:
         self.bar.set_postfix(shown, refresh=False)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        if self.enabled:
-            self.writer.add_text(tag, text, step)
+        if self.enabled and self.accelerator is not None:
+            trackers.text(self.accelerator, tag, text, step)
 
     def note(self, text: str) -> None:
         """Show what the run is doing before its first step (e.g. a pass over the data) beside the bar's
@@ -92,5 +92,5 @@ class MetricsLogger:
     def close(self) -> None:
         if self.enabled:
             self.bar.close()
-            self.writer.flush()
-            self.writer.close()
+            if self.accelerator is not None:
+                trackers.finish(self.accelerator)

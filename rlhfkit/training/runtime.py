@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import random
 
@@ -11,11 +10,12 @@ import numpy as np
 import torch
 
 from rlhfkit.errors import UserError, option
-from rlhfkit.training import engines
+from rlhfkit.training import engines, trackers
 
 
 def make_accelerator(run):
-    """An ``Accelerator`` for ``run`` (a RunArgs). 'auto' precision is bf16 on a GPU that has it.
+    """An ``Accelerator`` for ``run`` (a RunArgs) with its --report-to trackers (not started yet: see
+    ``trackers.start``). 'auto' precision is bf16 on a GPU that has it.
 
     Gradient accumulation is done by the trainers' step loop (see ``optim.accumulate``), not by
     accelerate, because its per-micro-batch loss division is only right for equal token counts.
@@ -28,7 +28,10 @@ def make_accelerator(run):
     if precision == "auto":
         precision = "bf16" if (torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not run.cpu) else "no"
     timeout = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=run.dist_timeout))
-    accelerator = Accelerator(mixed_precision=precision, cpu=_cpu(run.cpu), log_with=None, kwargs_handlers=[timeout])
+    log_with = trackers.build(trackers.tracker_names(run.report_to), run)
+    accelerator = Accelerator(
+        mixed_precision=precision, cpu=_cpu(run.cpu), log_with=log_with or None, kwargs_handlers=[timeout]
+    )
     engines.use_fsdp_on_cpu(accelerator)
     return accelerator
 
@@ -94,75 +97,3 @@ def disable_dropout(model: torch.nn.Module) -> None:
         for name in _DROPOUT_ATTRS:
             if isinstance(getattr(module, name, None), float):
                 setattr(module, name, 0.0)
-
-
-@functools.cache
-def _glibc():
-    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else None (macOS, musl, Windows)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's free pages back to the operating system (glibc's ``malloc_trim``; elsewhere nothing).
-
-    Tensors larger than glibc's mmap threshold are first given their own mappings, but once one is freed the
-    threshold rises to its size, so later tensors of that size come from the heap, and the heap keeps what they
-    free. An online step frees whole phases' worth of them (the decode step's key / value buffers after
-    sampling, the teacher-forced passes' activations before the update), and the next phase's tensors then
-    come on top of those pages in the process's resident size. Trimming between phases costs milliseconds, and
-    the next phase's first touch of each page it gets back (see ``keep_freed_memory``)."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-# glibc's mallopt parameters (malloc.h) and the values keep_freed_memory sets
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
-HEAP_TOP_PAD = 64 << 20  # the heap grows by at least this much at a time
-HEAP_TRIM_THRESHOLD = (1 << 31) - 1  # the top of the heap is not handed back while the process runs
-
-
-def _user_malloc_settings() -> bool:
-    """Whether the environment already tunes glibc's malloc (or swaps the allocator): those are left alone."""
-    env = os.environ
-    return (
-        "glibc.malloc." in env.get("GLIBC_TUNABLES", "")
-        or any(k.startswith("MALLOC_") and k.endswith("_") for k in env)
-        or any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc"))
-    )
-
-
-def keep_freed_memory() -> bool:
-    """Have glibc keep the memory freed tensors leave for the next tensors, instead of returning it to the
-    operating system; returns whether it did (glibc, no malloc settings in the environment, ``RLHFKIT_ACCEL``
-    not off). Process-wide, for the rest of the process.
-
-    A page the operating system hands (back) to the process costs a page fault and a zero-fill at its first
-    touch (a 4 KB page at a time; a ``[49152, 576]`` gradient is 27,648 of them). By default glibc returns the
-    freed top of the heap once it exceeds twice the (moving) mmap threshold, maps tensors above that threshold
-    fresh each time, and ``malloc_trim`` returns every free page: a full PPO step on a 135M model took ~950k
-    such faults, and avoiding them took the step from ~8.2 to ~6.9 s on a 2-core VM (~1.4 us a fault).
-    With every tensor taken from the heap (no mappings of their own) and the heap's freed memory kept, each
-    phase reuses the pages the previous one freed. The resident size then stays near its peak between phases;
-    the peak itself is what the phases need at once, plus what fragmentation leaves unusable (measured within
-    +-100 MB of a 6.5 GB PPO step's)."""
-    from rlhfkit.accel import enabled
-
-    libc = _glibc()
-    if libc is None or not enabled() or _user_malloc_settings():
-        return False
-    return all(
-        libc.mallopt(param, value) == 1
-        for param, value in (
-            (_M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD),
-            (_M_TOP_PAD, HEAP_TOP_PAD),
-            (_M_MMAP_MAX, 0),  # no tensor gets a mapping of its own (unless the heap cannot grow)
-        )
-    )

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.config.parse import save_config
+from rlhfkit.config.parse import described_options, save_config
 from rlhfkit.config.parts import OptimArgs, RunArgs
 from rlhfkit.errors import Preempted, UserError, option
 from rlhfkit.models.lora import save_pretrained
-from rlhfkit.ops import vocab_chunks
-from rlhfkit.training import engines, updates
+from rlhfkit.training import engines, trackers, updates
 from rlhfkit.training.checkpoint import SHARDS, Checkpointer, rng_state, set_rng_state
 from rlhfkit.training.distributed import Ranks, ranks_of
 from rlhfkit.training.logger import MetricsLogger
@@ -129,7 +128,9 @@ class Session:
     def close(self) -> None:
         self.stop.__exit__()
         self.logger.close()
-        vocab_chunks.release_blocks()  # the LM head's kept blocks
+        from rlhfkit.accel.vocab import release_blocks
+
+        release_blocks()  # the LM head's kept blocks
 
     def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
         """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
@@ -187,7 +188,8 @@ def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: i
 
 
 def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
-    """Seed, create the output dir, write ``config.yaml``, and find the resume point if ``--resume``."""
+    """Seed, create the output dir, write ``config.yaml``, find the resume point if ``--resume``, and start the
+    --report-to trackers with the run's options."""
     out = Path(run.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: {option('output_dir')} exists and is not a directory")
@@ -207,7 +209,10 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
             print_error(f"resuming from {path.resolve()} (step {start} of {total_steps})")
     if ranks.is_main:
         save_config(config, out)
-    logger = MetricsLogger(out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc)
+    trackers.start(accelerator, run, described_options(config))
+    logger = MetricsLogger(
+        out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc, accelerator=accelerator
+    )
     return Session(accelerator, logger, checkpointer, out, start, total_steps, StopSignal().__enter__(), path)
 
 

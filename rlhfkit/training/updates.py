@@ -7,7 +7,6 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
-from torch import nn
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines
@@ -46,47 +45,6 @@ def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=optim.learning_rate, fused=fused or None)
     except (RuntimeError, TypeError, ValueError):  # an older torch without fused AdamW on this device
         return torch.optim.AdamW(groups, lr=optim.learning_rate)
-
-
-def create_optimizer_state(optimizer) -> int:
-    """Have an Adam / AdamW ``optimizer`` (or accelerate's wrapper of one) create its per-parameter state, the
-    moments, now rather than at its first step; returns for how many parameters. Every value is then what the
-    first step would have created: one step with zero gradients, the learning rate and weight decay 0 (moments
-    0, parameters unchanged), then the step counts set back to 0.
-
-    Where freed memory stays in the process's heap (``runtime.keep_freed_memory``), tensors made early sit at
-    its bottom, and the step's short-lived ones reuse the space above them. Made at the first step instead,
-    twice the trainable parameters' size lands in the holes the first step's activations left, and the peak
-    resident size of later steps is higher (about 0.1 GB of a 6.5 GB full PPO step on a 135M model)."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
-    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
-        return 0
-    params = [p for g in inner.param_groups for p in g["params"] if p.requires_grad and not inner.state.get(p)]
-    if not params or any(p.grad is not None or type(p.data) is not torch.Tensor for p in params):
-        return 0  # gradients already there, or sharded parameters (FSDP's DTensors): left to the first step
-    sizes: dict = {}  # one read-only zero buffer per dtype and device, shared by every parameter's gradient
-    for p in params:
-        sizes[p.dtype, p.device] = max(sizes.get((p.dtype, p.device), 0), p.numel())
-    zeros = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
-    settings = [(g["lr"], g["weight_decay"]) for g in inner.param_groups]
-    try:
-        for p in params:
-            p.grad = zeros[(p.dtype, p.device)][: p.numel()].view_as(p)
-        for g in inner.param_groups:
-            g["lr"], g["weight_decay"] = 0.0, 0.0
-        inner.step()
-    finally:
-        for g, (lr, weight_decay) in zip(inner.param_groups, settings):
-            g["lr"], g["weight_decay"] = lr, weight_decay
-        for p in params:
-            p.grad = None
-    for p in params:
-        state = inner.state[p]
-        if torch.is_tensor(state.get("step")):
-            state["step"].zero_()
-        elif "step" in state:
-            state["step"] = 0
-    return len(params)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, optim, total_steps: int):
@@ -146,20 +104,6 @@ def accumulate(accelerator, model, micro_batches: Iterable, loss_fn: Callable) -
     return totals
 
 
-def sparse_embedding_grads(model: nn.Module) -> int:
-    """Give the input embeddings of ``model`` (plain ``nn.Embedding`` layers) sparse gradients: the looked-up
-    rows only, until ``step`` makes them dense (the optimizers take dense gradients). Where a model's gradients
-    are held for a while before the step (the value model's in online RL's early value pass), its
-    ``[vocab, hidden]`` gradient then holds only the looked-up rows until the step. Returns how many layers
-    changed."""
-    changed = 0
-    for module in model.modules():
-        if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
-            module.sparse = True
-            changed += 1
-    return changed
-
-
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if not grads:
         return torch.zeros(())
@@ -170,7 +114,7 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 def step(accelerator, model, optimizer, scheduler, max_grad_norm: float) -> float:
     """Clip, step, schedule, zero grads; returns the gradient norm before clipping. Sparse gradients (an
-    embedding's looked-up rows, ``sparse_embedding_grads``) are made dense first."""
+    embedding's looked-up rows, ``rlhfkit.accel.online.sparse_embedding_grads``) are made dense first."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is not None and p.grad.is_sparse:

@@ -1,4 +1,4 @@
-"""fp32 CPU linear layers through oneDNN (rlhfkit/accel/kernels.py): the same products as the default path,
+"""fp32 CPU linear layers through oneDNN (rlhfkit/accel/onednn.py): the same products as the default path,
 forward and backward, with the row count padded to a bounded set of sizes; the default path wherever the
 oneDNN one does not apply."""
 
@@ -12,21 +12,21 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from rlhfkit.accel import kernels
-from rlhfkit.accel.kernels import OneDNNLinear, fast_linears, linear_matmul, padded_rows
+from rlhfkit.accel import onednn, vocab
+from rlhfkit.accel.onednn import OneDNNLinear, fast_linears, linear_matmul, padded_rows
 
-needs_onednn = pytest.mark.skipif(not kernels._onednn_available(), reason="this torch build has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(not onednn._onednn_available(), reason="this torch build has no oneDNN linear")
 
 
 @pytest.fixture
 def count_onednn_calls(monkeypatch):
     """Route fp32 linears through oneDNN whatever the load-time timing decides on this CPU, and count calls."""
-    monkeypatch.setattr(kernels, "_ONEDNN", True)
-    monkeypatch.setattr(kernels, "onednn_faster", lambda in_features, out_features: True)
+    monkeypatch.setattr(onednn, "_ONEDNN", True)
+    monkeypatch.setattr(onednn, "onednn_faster", lambda in_features, out_features: True)
     calls = []
-    original = kernels._OneDNNMatmul.apply
-    monkeypatch.setattr(kernels._OneDNNMatmul, "apply", lambda *a: calls.append(a[0].shape) or original(*a))
-    monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
+    original = onednn._OneDNNMatmul.apply
+    monkeypatch.setattr(onednn._OneDNNMatmul, "apply", lambda *a: calls.append(a[0].shape) or original(*a))
+    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
     return calls
 
 
@@ -72,7 +72,7 @@ def test_default_path_under_autocast_other_dtypes_and_small_products(count_onedn
         assert layer(x).dtype == torch.bfloat16  # autocast's bf16 matmul, not ours
     assert layer.double()(x.double()).dtype == torch.float64
     assert not count_onednn_calls
-    monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 10**9)
+    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 10**9)
     assert linear_matmul(x, torch.randn(24, 40), None) is None  # too small to pay for a oneDNN call
 
 
@@ -126,33 +126,33 @@ def test_backward_keeps_the_unpadded_input_not_a_padded_copy(count_onednn_calls)
 def test_layers_are_swapped_only_where_onednn_is_faster_at_their_shape(monkeypatch, tmp_path):
     from rlhfkit.accel import prepare_model
 
-    monkeypatch.setattr(kernels, "_FASTER", {})
+    monkeypatch.setattr(onednn, "_FASTER", {})
     monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 1e9)  # no kernel is that much faster: keep the default
+    monkeypatch.setattr(onednn, "SELF_CHECK_SPEEDUP", 1e9)  # no kernel is that much faster: keep the default
     model = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 256))
     assert prepare_model(model)["onednn_linear"] == 0 and all(type(m) is nn.Linear for m in model)
-    assert kernels._FASTER and not any(kernels._FASTER.values())
-    monkeypatch.setattr(kernels, "SELF_CHECK_SPEEDUP", 0.0)  # any time counts as faster now, but shapes are
+    assert onednn._FASTER and not any(onednn._FASTER.values())
+    monkeypatch.setattr(onednn, "SELF_CHECK_SPEEDUP", 0.0)  # any time counts as faster now, but shapes are
     assert prepare_model(nn.Sequential(nn.Linear(256, 512)))["onednn_linear"] == 0  # timed once per process
     assert prepare_model(nn.Sequential(nn.Linear(256, 384)))["onednn_linear"] == 1  # a new shape is timed
-    assert not kernels.onednn_faster(24, 40)  # too small a product for the oneDNN path at all
+    assert not onednn.onednn_faster(24, 40)  # too small a product for the oneDNN path at all
     # the verdicts are kept on disk: a new process (an empty in-memory table) reads them instead of timing
-    saved = json.loads(kernels.decisions_file().read_text())
+    saved = json.loads(onednn.decisions_file().read_text())
     assert saved == {"256x512@1": False, "512x256@1": False, "256x384@1": True}
-    monkeypatch.setattr(kernels, "_FASTER", {})
-    monkeypatch.setattr(kernels, "_time_shape", lambda *a: pytest.fail("timed again"))
-    assert kernels.onednn_faster(256, 384) and not kernels.onednn_faster(256, 512)
+    monkeypatch.setattr(onednn, "_FASTER", {})
+    monkeypatch.setattr(onednn, "_time_shape", lambda *a: pytest.fail("timed again"))
+    assert onednn.onednn_faster(256, 384) and not onednn.onednn_faster(256, 512)
 
 
 def test_verdicts_are_kept_per_cpu_instruction_set(monkeypatch, tmp_path):
     """One CPU model name covers machines with and without AVX-512, where the faster kernel differs: their
     verdicts go to different files."""
     monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(kernels, "_cpu_model", lambda: "AMD EPYC")
-    monkeypatch.setattr(kernels, "_cpu_isa", lambda: "AVX2")
-    avx2 = kernels.decisions_file()
-    monkeypatch.setattr(kernels, "_cpu_isa", lambda: "AVX512+avx512f")
-    assert kernels.decisions_file() != avx2 and kernels.decisions_file().parent == avx2.parent == tmp_path
+    monkeypatch.setattr(onednn, "_cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(onednn, "_cpu_isa", lambda: "AVX2")
+    avx2 = onednn.decisions_file()
+    monkeypatch.setattr(onednn, "_cpu_isa", lambda: "AVX512+avx512f")
+    assert onednn.decisions_file() != avx2 and onednn.decisions_file().parent == avx2.parent == tmp_path
 
 
 @needs_onednn
@@ -162,22 +162,21 @@ def test_a_swapped_lm_head_takes_its_block_products_through_onednn(count_onednn_
     from transformers import AutoModelForCausalLM
 
     from rlhfkit.models import forward
-    from rlhfkit.ops import vocab_chunks
 
     from ..models.test_architectures import make_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config("llama", 64, 1)).eval()
     head = model.get_output_embeddings()
-    assert forward.fused_head(model, 10**9)[2] is vocab_chunks.PLAIN  # not swapped: the default products
+    assert forward.fused_head(model, 10**9)[2] is vocab.PLAIN  # not swapped: the default products
     fast_linears(model)
-    assert isinstance(head, OneDNNLinear) and isinstance(kernels.head_product(head), kernels.HeadProduct)
-    assert kernels.head_product(nn.Linear(4, 8, bias=False)) is None
-    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 5 * head.out_features)  # 5 positions a block
+    assert isinstance(head, OneDNNLinear) and isinstance(vocab.head_product(head), vocab.HeadProduct)
+    assert vocab.head_product(nn.Linear(4, 8, bias=False)) is None
+    monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", 5 * head.out_features)  # 5 positions a block
     used = []
-    original = kernels.HeadProduct.mm
+    original = vocab.HeadProduct.mm
     monkeypatch.setattr(
-        kernels.HeadProduct, "mm", lambda self, a, b, slot: used.append(a.shape[0]) or original(self, a, b, slot)
+        vocab.HeadProduct, "mm", lambda self, a, b, slot: used.append(a.shape[0]) or original(self, a, b, slot)
     )
     ids = torch.randint(head.out_features, (3, 9))
     mask = torch.ones_like(ids)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rlhfkit.accel import kernels, packing
+from rlhfkit.accel import onednn, packing
 from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
@@ -98,24 +98,24 @@ def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
     assert widths(policy.to(torch.bfloat16))[0] % packing.ROW_MULTIPLE == 0
 
 
-@pytest.mark.skipif(not kernels._onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.skipif(not onednn._onednn_available(), reason="this torch build has no oneDNN linear")
 def test_rows_widen_to_a_size_the_onednn_layers_take_unpadded(always_pack, monkeypatch):
     """With linear layers swapped to oneDNN (which pad their input to ``padded_rows`` rows), the packed rows are
     made a few positions wider where that makes the packed positions such a size; the outputs and gradients
     stay the padded batch's."""
-    monkeypatch.setattr(kernels, "_ONEDNN", True)
-    monkeypatch.setattr(kernels, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
+    monkeypatch.setattr(onednn, "_ONEDNN", True)
+    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
     ids, mask, T = ragged_batch(3, rows=9)
     policy = causal_lm("llama", "sdpa")
     exact = pack_batch(policy, ids, mask, PAD).input_ids.shape
-    assert kernels.fast_linears(policy, measure=False) > 0 and kernels.onednn_layers(policy)
+    assert onednn.fast_linears(policy, measure=False) > 0 and onednn.onednn_layers(policy)
     packed = pack_batch(policy, ids, mask, PAD)
     R, width = packed.input_ids.shape
-    assert R == exact[0] and kernels.padded_rows(R * exact[1]) != R * exact[1]  # this batch needs the widening
-    assert width > exact[1] and R * width == kernels.padded_rows(R * exact[1])
+    assert R == exact[0] and onednn.padded_rows(R * exact[1]) != R * exact[1]  # this batch needs the widening
+    assert width > exact[1] and R * width == onednn.padded_rows(R * exact[1])
     assert_packed_matches_padded(policy, ids, mask, T, packed)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not kernels.onednn_layers(policy)  # 16-bit compute takes the default path
+        assert not onednn.onednn_layers(policy)  # 16-bit compute takes the default path
 
 
 def test_packed_rows_keep_sequences_apart(always_pack):
@@ -298,12 +298,11 @@ def test_preference_pairs_share_their_prompt_in_dpo_logprobs(always_pack, monkey
     """DPO's log pi(y|x) of a [2B, L] preference batch: packed, each pair's two replies share one copy of its
     prompt, and the sums and gradients are the padded batch's. (Where the LM head runs a block of positions at a
     time, as at a real vocabulary; here blocks of 3 positions.)"""
-    from rlhfkit.accel import packing
+    from rlhfkit.accel import packing, vocab
     from rlhfkit.models import forward
     from rlhfkit.models.forward import sequence_logprobs
-    from rlhfkit.ops import vocab_chunks
 
-    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 3 * VOCAB)
+    monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", 3 * VOCAB)
 
     policy = causal_lm(arch, "sdpa")
     pairs, batch = preference_pairs(seed=8)
@@ -549,14 +548,14 @@ def test_preference_pairs_with_a_common_head_score_and_log_prob_as_padded(always
     head a block of 3 positions at a time, as at a real vocabulary, where the pairs' prompts are shared.)"""
     from transformers import AutoModelForSequenceClassification
 
+    from rlhfkit.accel import vocab
     from rlhfkit.data.collate import collate_preferences
     from rlhfkit.data.encode import Encoded
     from rlhfkit.models import forward, reward
     from rlhfkit.models.forward import sequence_logprobs
     from rlhfkit.models.reward import sequence_scores
-    from rlhfkit.ops import vocab_chunks
 
-    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 3 * VOCAB)
+    monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", 3 * VOCAB)
     rng = random.Random(11)
     words = lambda n: [rng.randrange(2, VOCAB) for _ in range(n)]  # noqa: E731
     head = words(7)

@@ -41,7 +41,8 @@ def opaque(a: int) -> object:
     return object()
 
 def length(prompts, completions, **kwargs):
-    return [float(len(c)) / 10 for c in completions]
+    """The characters of a conversation's messages after its prompt (TRL's multi-turn completions)."""
+    return [sum(len(m["content"]) for m in c) / 10 for c in completions]
 '''
 ENVS = '''
 class Counter:

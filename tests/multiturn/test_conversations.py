@@ -129,9 +129,9 @@ def test_an_environment_plays_turns_and_its_rewards_sit_at_their_turns_last_toke
         assert [p for p, _ in c.turn_rewards] == c.turn_ends
     t = conversation_tensors(convs, tok.pad_token_id or 0, 0.5, "cpu")
     for b, c in enumerate(convs):
-        placed = t["turn_rewards"][b]
+        placed = t.turn_rewards[b]
         assert placed[c.turn_ends].tolist() == [0.5, 1.0, 1.5] and float(placed.sum()) == 3.0
-        assert t["action_mask"][b, : len(c.ids)].tolist() == c.actions
+        assert t.action_mask[b, : len(c.ids)].tolist() == c.actions
 
 
 def test_an_environment_that_raises_names_itself_and_the_row(monkeypatch, model, tiny_model_dir, files):

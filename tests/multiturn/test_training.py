@@ -34,16 +34,16 @@ def files(tmp_path):
 
 @pytest.fixture
 def credits(monkeypatch) -> list:
-    """What ``credit`` made of each step's rollout."""
+    """What ``assign_rewards_and_advantages`` made of each step's rollout."""
     seen = []
-    original = OnlineTrainer.credit
+    original = OnlineTrainer.assign_rewards_and_advantages
 
     def recording(self, r, metrics):
         out = original(self, r, metrics)
         seen.append(out)
         return out
 
-    monkeypatch.setattr(OnlineTrainer, "credit", recording)
+    monkeypatch.setattr(OnlineTrainer, "assign_rewards_and_advantages", recording)
     return seen
 
 

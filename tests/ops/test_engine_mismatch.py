@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rlhfkit.ops import logprob_gap, truncated_importance_weights
+from rlhfkit.ops import PPOLossConfig, logprob_gap, ppo_loss, truncated_importance_weights
 
 
 def test_gap_is_the_mean_absolute_difference_over_the_mask():
@@ -30,3 +30,21 @@ def test_importance_weights_carry_no_gradient_and_need_a_positive_cap():
     assert not truncated_importance_weights(trainer, torch.zeros(1, 2), torch.ones(1, 2), 2.0).requires_grad
     with pytest.raises(ValueError, match="cap"):
         truncated_importance_weights(trainer, torch.zeros(1, 2), torch.ones(1, 2), 0.0)
+
+
+def test_ppo_loss_weighs_each_tokens_policy_loss_by_the_capped_weight():
+    # ratio 1 (logprobs = old): the token loss is -A_t, times w_t = min(pi_old / pi_engine, C)
+    old = torch.tensor([[math.log(0.5), math.log(0.9), math.log(0.2)]], dtype=torch.float64)
+    engine = torch.tensor([[math.log(0.25), math.log(0.9), math.log(0.8)]], dtype=torch.float64)
+    advantages = torch.tensor([[2.0, -1.0, 4.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
+    config = PPOLossConfig(importance_sampling_cap=1.5, aggregation="token-mean")
+    inputs = dict(logprobs=old.clone(), old_logprobs=old, advantages=advantages)
+    loss, terms = ppo_loss(config, mask, engine_logprobs=engine, **inputs)
+    # w = (2 -> 1.5, 1, 0.25): (-2 * 1.5 + 1 * 1 - 4 * 0.25) / 3
+    assert loss.item() == pytest.approx((-3.0 + 1.0 - 1.0) / 3, abs=1e-12)
+    assert terms.policy.item() == pytest.approx(-1.0, abs=1e-12)
+    # no cap, or no engine log-probs: the plain loss (-2 + 1 - 4) / 3
+    plain = (-2.0 + 1.0 - 4.0) / 3
+    assert ppo_loss(PPOLossConfig(), mask, engine_logprobs=engine, **inputs)[0].item() == pytest.approx(plain)
+    assert ppo_loss(config, mask, **inputs)[0].item() == pytest.approx(plain)

@@ -36,7 +36,9 @@ def broadcast(per_row):
 
 def test_required_estimators_are_registered():
     assert {"gae", "sequence", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"} <= ADVANTAGE_ESTIMATORS.keys()
-    assert {name for name, est in ADVANTAGE_ESTIMATORS.items() if est.needs_values} == {"gae", "sequence"}
+    assert {name for name, est in ADVANTAGE_ESTIMATORS.items() if est.needs_critic} == {"gae", "sequence"}
+    groups = {name for name, est in ADVANTAGE_ESTIMATORS.items() if est.compares_group}
+    assert groups == {"grpo", "rloo", "reinforce_pp_baseline"}
 
 
 def test_critic_estimators_need_values_and_delegate():

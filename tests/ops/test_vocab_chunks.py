@@ -3,11 +3,9 @@ forced small so every code path is crossed, -inf logits (top-k filtering) includ
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from rlhfkit.ops import entropy_from_logits, logprobs_from_logits, vocab_chunks
-from rlhfkit.ops.vocab_chunks import chunked_entropy, chunked_logprobs, head_logprobs
+from rlhfkit.ops.vocab_chunks import chunked_entropy, chunked_logprobs
 
 
 def plain_logprobs(logits, labels):
@@ -20,9 +18,7 @@ def plain_entropy(logits):
     return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
 
 
-@pytest.fixture
-def small_blocks(monkeypatch):
-    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 3 * 97)  # 3 rows of V = 97 per block: 7 blocks for 20 rows
+BLOCK = 3 * 97  # 3 rows of V = 97 per block: 7 blocks for 20 rows
 
 
 def batch(seed=0, B=4, T=5, V=97):
@@ -49,137 +45,28 @@ def oracle(fn, logits, *args):
     return out.detach(), torch.nan_to_num(x.grad, nan=0.0)
 
 
-def test_chunked_logprobs_values_and_gradients(small_blocks):
+def test_chunked_logprobs_values_and_gradients():
     logits, labels = batch()
-    got, got_grad = grads(chunked_logprobs, logits, labels)
+    got, got_grad = grads(chunked_logprobs, logits, labels, BLOCK)
     want, want_grad = oracle(plain_logprobs, logits, labels)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-6)
 
 
-def test_chunked_entropy_values_and_gradients(small_blocks):
+def test_chunked_entropy_values_and_gradients():
     logits, _ = batch(1)
-    got, got_grad = grads(chunked_entropy, logits)
+    got, got_grad = grads(chunked_entropy, logits, BLOCK)
     want, want_grad = oracle(plain_entropy, logits)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-6)
     assert torch.isfinite(got_grad).all() and (got_grad[0, 1, :40] == 0).all()
 
 
-def test_the_ops_switch_to_blocks_above_the_threshold(small_blocks, monkeypatch):
-    logits, labels = batch(2)
-    calls = []
-    for name, fn in (("chunked_logprobs", chunked_logprobs), ("chunked_entropy", chunked_entropy)):
-        module = "rlhfkit.ops.logprobs" if name == "chunked_logprobs" else "rlhfkit.ops.losses"
-        monkeypatch.setattr(f"{module}.{name}", lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
-    x = logits.float()
-    torch.testing.assert_close(
-        logprobs_from_logits(x, labels).double(), plain_logprobs(logits, labels), rtol=0, atol=1e-5
-    )
-    torch.testing.assert_close(entropy_from_logits(x).double(), plain_entropy(logits), rtol=0, atol=1e-5)
-    assert calls == ["chunked_logprobs", "chunked_entropy"]
-    calls.clear()
-    logprobs_from_logits(x[:1, :1], labels[:1, :1]), entropy_from_logits(x[:1, :1])  # 97 entries: the plain path
-    assert calls == []
-
-
-def test_half_precision_logits_give_float32_and_a_gradient_of_their_dtype(small_blocks):
+def test_half_precision_logits_give_float32_and_a_gradient_of_their_dtype():
     logits, labels = batch(3)
     x = logits.to(torch.bfloat16).requires_grad_(True)
-    out = chunked_logprobs(x, labels)
+    out = chunked_logprobs(x, labels, BLOCK)
     assert out.dtype == torch.float32
     out.sum().backward()
     assert x.grad.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), plain_logprobs(x.detach().double(), labels), rtol=0, atol=1e-5)
-
-
-class PaddedProduct(vocab_chunks.Product):
-    """Block products into new tensors, each block padded to a multiple of 4 rows (as oneDNN's are to a few
-    sizes); records the row counts it was given."""
-
-    def __init__(self):
-        self.seen = []
-
-    def mm(self, a, b, slot):
-        self.seen.append(a.shape[0])
-        return torch.mm(a, b)
-
-    def rows(self, m):
-        return -(-m // 4) * 4
-
-
-def products():
-    from rlhfkit.accel.kernels import onednn_ready
-
-    return ["plain", "padded"] + (["onednn"] if onednn_ready() else [])
-
-
-@pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch resizing a kept block it was given as out=
-@pytest.mark.parametrize("product", products())
-@pytest.mark.parametrize("with_entropy", [True, False])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradients(
-    small_blocks, temperature, with_entropy, product
-):
-    from rlhfkit.accel.kernels import HeadProduct
-
-    product = {"plain": vocab_chunks.PLAIN, "padded": PaddedProduct(), "onednn": HeadProduct()}[product]
-    g = torch.Generator().manual_seed(4)
-    hidden = torch.randn(3, 7, 16, generator=g, dtype=torch.float64)
-    weight = torch.randn(97, 16, generator=g, dtype=torch.float64) * 0.5
-    labels = torch.randint(97, (3, 7), generator=g)
-    w_lp, w_ent = torch.linspace(-1, 2, 21).view(3, 7), torch.linspace(0.5, -1, 21).view(3, 7)
-
-    def run(fused: bool):
-        h = hidden.clone().float().requires_grad_(True)
-        w = weight.clone().float().requires_grad_(True)
-        if fused:
-            lp, ent = head_logprobs(h, w, labels, temperature, with_entropy=with_entropy, product=product)
-        else:
-            logits = (h.double() @ w.double().T) / temperature
-            lp, ent = plain_logprobs(logits, labels), plain_entropy(logits) if with_entropy else None
-        ((lp * w_lp).sum() + ((ent * w_ent).sum() if with_entropy else 0)).backward()
-        return lp.double(), (ent.double() if with_entropy else 0), h.grad.double(), w.grad.double()
-
-    fused = run(True)
-    for got, want in zip(fused, run(False)):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-    lp, ent = head_logprobs(
-        hidden.float(), weight.float(), labels, temperature, product=product
-    )  # again: the kept blocks hold the last call's
-    assert ent is None and torch.equal(lp.double(), fused[0])
-    lp, _ = head_logprobs(
-        hidden[:1].float(), weight.float(), labels[:1], temperature, with_entropy, product
-    )  # fewer rows than a block
-    torch.testing.assert_close(lp.double(), fused[0][:1].detach(), rtol=0, atol=1e-6)
-    if isinstance(product, PaddedProduct):  # 21 rows in blocks of 3 padded to 4: 5 full blocks, the last 1 -> 4
-        assert set(product.seen) == {4}
-
-
-def test_kept_blocks_are_each_threads_own_and_a_training_run_frees_them(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    import threading
-
-    from tests.helpers import run_cli, sft_args, sft_rows, write_jsonl
-
-    hidden, weight, labels = torch.randn(5, 16), torch.randn(400, 16), torch.randint(400, (5,))
-    head_logprobs(hidden, weight, labels, with_entropy=True)
-    mine = dict(vocab_chunks._KEPT.blocks)
-    theirs = {}
-    worker = threading.Thread(
-        target=lambda: (head_logprobs(hidden, weight, labels), theirs.update(vocab_chunks._KEPT.blocks))
-    )
-    worker.start()
-    worker.join()
-    assert set(mine) == {0, 1} and theirs[0].data_ptr() != mine[0].data_ptr()  # no thread writes another's
-    vocab_chunks.release_blocks()
-    assert "blocks" not in vocab_chunks._KEPT.__dict__
-
-    # an SFT run on the tiny model with the LM head taken block by block keeps blocks while it trains, and
-    # frees them when it ends
-    monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", 4 * 400)
-    used, kept = [], vocab_chunks._kept
-    monkeypatch.setattr(vocab_chunks, "_kept", lambda *a: used.append(a[0]) or kept(*a))
-    data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(8))
-    code, _, _ = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / "out", max_steps=2, batch_size=4))
-    assert code == 0 and used
-    assert "blocks" not in vocab_chunks._KEPT.__dict__

@@ -180,9 +180,8 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2, monkeypatch):
     """At V = 49,152 the LM head and the log-probs run together block by block (the [B, T, V] logits are never
     built): the same log-probs, entropies and gradient into the tied embedding as the plain computation."""
-    from rlhfkit.accel import kernels
+    from rlhfkit.accel import onednn, vocab
     from rlhfkit.models import forward
-    from rlhfkit.ops import vocab_chunks
 
     tok, model = smollm2
     prompts = [chat_prompt_ids(tok, q) for q in QUESTIONS[:2]]
@@ -193,12 +192,12 @@ def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2
     n = response_ids.shape[1]
     results = []
     for block in (1 << 62, 3 * 49_152):  # one block for everything (the plain path), then 3 positions a block
-        monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+        monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", block)
         fused = forward.fused_head(model, n * 2)
         assert (fused is not None) == (block < 1 << 62)
         if fused is not None:  # a head swapped to oneDNN here runs its block products through it
-            swapped = isinstance(model.get_output_embeddings(), kernels.OneDNNLinear)
-            assert isinstance(fused[2], kernels.HeadProduct) == swapped
+            swapped = isinstance(model.get_output_embeddings(), onednn.OneDNNLinear)
+            assert isinstance(fused[2], vocab.HeadProduct) == swapped
         model.zero_grad(set_to_none=True)
         lp, ent, _ = forward.response_token_stats(model, input_ids, attention_mask, n, 0.7, with_entropy=True)
         real = response_mask.bool()
@@ -243,10 +242,10 @@ def test_sft_loss_and_dpo_log_probs_without_logits_equal_the_plain_ones_on_the_r
     """SFT's loss and DPO's sequence log-probs with the LM head on the labelled positions only, block by block (no
     [B, L-1, V] logits of the prompts and padding): the same numbers and gradient into the tied embedding as the
     plain logits path, on padded and on packed rows."""
+    from rlhfkit.accel import vocab
     from rlhfkit.data.collate import SequenceBatch
     from rlhfkit.data.encode import IGNORE_INDEX
     from rlhfkit.models import forward
-    from rlhfkit.ops import vocab_chunks
     from rlhfkit.trainers.sft import token_loss_sum
 
     tok, model = smollm2
@@ -262,10 +261,10 @@ def test_sft_loss_and_dpo_log_probs_without_logits_equal_the_plain_ones_on_the_r
     seqs = SequenceBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask)
     results = []
     for block in (1 << 62, 3 * 49_152):  # the plain path, then 3 positions a block
-        monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+        monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", block)
         calls = []
         monkeypatch.setattr(
-            forward, "head_logprobs", lambda *a, _f=forward.head_logprobs, **k: calls.append(1) or _f(*a, **k)
+            vocab, "head_logprobs", lambda *a, _f=vocab.head_logprobs, **k: calls.append(1) or _f(*a, **k)
         )
         model.zero_grad(set_to_none=True)
         loss, count = token_loss_sum(model, sft_batch, pack)

@@ -10,7 +10,7 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     import torch
-    from rlhfkit.training.runtime import release_freed_memory
+    from rlhfkit.accel.online import release_freed_memory
 
     def rss_mb():
         with open("/proc/self/statm") as f:
@@ -46,7 +46,7 @@ REUSE = textwrap.dedent(
     """
     import ctypes, sys
     import torch
-    from rlhfkit.training.runtime import keep_freed_memory
+    from rlhfkit.accel.online import keep_freed_memory
 
     kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 

@@ -1,4 +1,4 @@
-"""The optimizer's state made before the first step (rlhfkit.training.updates.create_optimizer_state): the same
+"""The optimizer's state made before the first step (rlhfkit.accel.online.create_optimizer_state): the same
 values the first step would make, so training goes on bit for bit as without it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from rlhfkit.training import updates
+from rlhfkit.accel import online
 
 
 def _model() -> nn.Module:
@@ -48,14 +48,14 @@ def test_state_made_early_trains_the_same(make):
     early_model = copy.deepcopy(lazy_model)
     lazy, early = make(_groups(lazy_model)), make(_groups(early_model))
     before = [p.detach().clone() for p in early_model.parameters()]
-    assert updates.create_optimizer_state(early) == len(before)
+    assert online.create_optimizer_state(early) == len(before)
     for p, old in zip(early_model.parameters(), before):
         assert torch.equal(p, old) and p.grad is None  # no parameter moved, no gradient left behind
         state = early.state[p]
         assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
     assert [g["lr"] for g in early.param_groups] == [0.05, 0.05]
     assert [g["weight_decay"] for g in early.param_groups] == [0.1, 0.0]
-    assert updates.create_optimizer_state(early) == 0  # made already
+    assert online.create_optimizer_state(early) == 0  # made already
     _train(lazy_model, lazy)
     _train(early_model, early)
     assert not any(torch.equal(p, old) for p, old in zip(early_model.parameters(), before))  # it trained
@@ -69,10 +69,10 @@ def test_state_made_early_trains_the_same(make):
 def test_through_accelerate_and_left_alone_elsewhere():
     model = _model()
     optimizer = Accelerator(cpu=True).prepare(torch.optim.AdamW(model.parameters(), lr=0.01))
-    assert updates.create_optimizer_state(optimizer) == len(list(model.parameters()))
+    assert online.create_optimizer_state(optimizer) == len(list(model.parameters()))
     sgd = torch.optim.SGD(_model().parameters(), lr=0.1, momentum=0.9)  # its first step is not a zero step
-    assert updates.create_optimizer_state(sgd) == 0 and not sgd.state
+    assert online.create_optimizer_state(sgd) == 0 and not sgd.state
     with_grads = _model()
     with_grads[3](torch.ones(1, 6)).sum().backward()
     adam = torch.optim.AdamW(with_grads.parameters(), lr=0.1)
-    assert updates.create_optimizer_state(adam) == 0 and not adam.state  # gradients already there: not touched
+    assert online.create_optimizer_state(adam) == 0 and not adam.state  # gradients already there: not touched

@@ -1,4 +1,4 @@
-"""Sparse embedding gradients (rlhfkit.training.updates.sparse_embedding_grads): only the looked-up rows are held
+"""Sparse embedding gradients (rlhfkit.accel.online.sparse_embedding_grads): only the looked-up rows are held
 until the step, which makes them dense and takes the same step as with dense gradients."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from rlhfkit.accel import online
 from rlhfkit.training import updates
 
 
@@ -21,8 +22,8 @@ def test_sparse_embedding_grads_take_the_dense_step():
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 1))
     sparse = copy.deepcopy(dense)
-    assert updates.sparse_embedding_grads(sparse) == 1
-    assert updates.sparse_embedding_grads(sparse) == 0  # already sparse
+    assert online.sparse_embedding_grads(sparse) == 1
+    assert online.sparse_embedding_grads(sparse) == 0  # already sparse
     batches = [torch.tensor([[1, 2, 2, 7]]), torch.tensor([[7, 3, 1, 1]])]  # repeated rows, over two backwards
     for model in (dense, sparse):
         for ids in batches:

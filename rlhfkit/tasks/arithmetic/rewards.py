@@ -1,10 +1,11 @@
 """Checkable rewards of the arithmetic task.
 
-The reward functions have TRL's signature `fn(prompts, completions, **columns) ->
+The reward functions are called as TRL calls them, `fn(prompts=, completions=, **columns) ->
 list[float | None]`: `prompts` and `completions` are aligned lists, and each extra
 column of the prompt data arrives as a keyword list aligned with them (`answer=[...]`);
-other keywords (`completion_ids`, ...) are accepted and ignored. A prompt or completion
-may be a string or a chat (a list of `{"role", "content"}` messages); None counts as "".
+other keywords (`completion_ids`, `trainer_state`, ...) are accepted and ignored. A prompt or
+completion may be a string or a chat (a list of `{"role", "content"}` messages: a chat prompt's
+completion is `[{"role": "assistant", "content": ...}]`); None counts as "".
 
 A completion is well-formed when it is one integer and nothing else, surrounding
 whitespace aside (" 12", "12\\n", " -3"); that integer is its answer.

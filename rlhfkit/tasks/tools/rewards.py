@@ -1,10 +1,11 @@
 """The checkable reward and the gold judge of the tools task, and what a conversation says about tool use.
 
-``exact_answer`` has TRL's signature `fn(prompts, completions, **columns) -> list[float | None]`; in a
-multi-turn run `completions` are the final replies, `prompts` the conversations before them, and the
-`answer` column arrives as a keyword list aligned with them (other keywords, `messages` among them, are
-accepted and ignored). A reply is well-formed when it is one whole number and nothing else, surrounding
-whitespace aside (" 10711"); a reply that still calls the tool (the turns ran out) is not.
+``exact_answer`` is called as TRL calls a reward function, `fn(prompts=, completions=, **columns) ->
+list[float | None]`; in a multi-turn run `prompts` are the messages each conversation opened with and
+`completions` every message after them (replies and tool results; the last assistant message is the final
+reply), and the `answer` column arrives as a keyword list aligned with them (other keywords are accepted and
+ignored). A reply is well-formed when it is one whole number and nothing else, surrounding whitespace aside
+(" 10711"); a reply that still calls the tool (the turns ran out) is not.
 """
 
 from __future__ import annotations

@@ -12,12 +12,26 @@ are ``[B, T]`` over response tokens.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
+from rlhfkit.accel.online import Networks
 from rlhfkit.accel.packing import PackedBatch
 from rlhfkit.errors import UserError
 from rlhfkit.models.forward import position_ids, response_token_stats
+
+
+class ActorCriticOutput(NamedTuple):
+    """One forward pass's outputs over the response tokens, each ``[B, T]`` or None where not computed."""
+
+    logprobs: torch.Tensor | None
+    """log pi(a_t | s_t) at the given temperature."""
+    values: torch.Tensor | None
+    """V(s_t); None without a critic."""
+    entropy: torch.Tensor | None
+    """The policy's entropy at each position; None unless asked for."""
 
 
 class ValueHead(nn.Module):
@@ -81,14 +95,16 @@ class ActorCritic(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         packed: PackedBatch | None = None,
-        part: str = "both",
-    ):
+        networks: Networks = Networks.ALL,
+    ) -> ActorCriticOutput:
         """Log-probs of the given response tokens, values (None without a critic) and (optionally) entropies,
         each ``[B, T]``. ``packed``: the same batch packed (``rlhfkit.accel.packing.pack_batch``), to run on
-        instead. ``part``: "policy" or "value" runs only that network of a separate value model (the other
-        outputs are None); "both" runs everything."""
-        if part == "value":
-            return None, self.value_model(input_ids, attention_mask, n_response, packed).float(), None
+        instead. ``networks``: with a separate value model, ``Networks.POLICY`` or ``Networks.VALUE`` runs only
+        that one (the other's outputs are None)."""
+        if networks is Networks.VALUE:
+            return ActorCriticOutput(
+                None, self.value_model(input_ids, attention_mask, n_response, packed).float(), None
+            )
         logprobs, entropy, hidden = response_token_stats(
             self.policy,
             input_ids,
@@ -101,8 +117,8 @@ class ActorCritic(nn.Module):
         )
         if self.value_head is not None:
             values = self.value_head(hidden).float()
-        elif self.value_model is not None and part == "both":
+        elif self.value_model is not None and networks is Networks.ALL:
             values = self.value_model(input_ids, attention_mask, n_response, packed).float()
         else:
             values = None
-        return logprobs, values, entropy
+        return ActorCriticOutput(logprobs, values, entropy)

@@ -42,6 +42,19 @@ def rollout_metrics(r: Rollout, kl_coef: float) -> dict[str, float]:
     return out
 
 
+def reward_metrics(components: dict[str, torch.Tensor], valid: torch.Tensor, algorithm: str) -> dict[str, float]:
+    """``reward/<name>`` of each component when there are several (mean where it applies), and the share
+    of completions no reward applied to."""
+    out: dict[str, float] = {}
+    if len(components) > 1 or algorithm != "ppo":
+        for name, values in components.items():
+            applies = ~torch.isnan(values)
+            out[f"reward/{name}"] = float(values[applies].mean()) if applies.any() else math.nan
+    if not bool(valid.all()):
+        out["reward/unscored_fraction"] = float((~valid).float().mean())
+    return out
+
+
 class SampleWriter:
     """Appends ``{"step", "prompt", "response", "score"}`` lines to ``samples.jsonl`` and TensorBoard text."""
 

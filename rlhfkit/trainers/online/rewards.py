@@ -9,19 +9,26 @@ function's ``None``).
 
 ``Rewards`` sums the components with their weights over the rows where they apply; a row where none
 applies is not valid: its advantage is set to 0. The sum then gets the missing-EOS penalty and the clip.
-Python functions have TRL's signature, so its users' functions work unchanged::
+Python functions are called as TRL's GRPOTrainer calls them, so its users' functions work unchanged::
 
-    def reward(prompts: list, completions: list[str], **kwargs) -> list[float | None]: ...
+    def reward(prompts, completions, completion_ids, **kwargs) -> list[float | None]: ...
 
-with ``kwargs`` holding each extra column of the prompt rows as a list aligned with ``prompts`` (one entry
-per completion) and ``completion_ids`` (the sampled token ids).
+every argument a keyword and a list with one entry per completion: ``prompts`` (a string, or for a chat
+prompt its message list), ``completions`` (a string for a string prompt, else a message list:
+``[{"role": "assistant", "content": ...}]``), ``completion_ids`` (the sampled token ids), each other
+column of the prompt rows by its name, and ``trainer_state`` (``global_step``, ``max_steps``). In a
+multi-turn rollout ``prompts`` are the messages the conversation opened with and ``completions`` every
+message after them (replies, tool results, the environment's messages), ``completion_ids`` every token
+after the prompt's. An ``async def`` function is awaited.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,6 +42,15 @@ from rlhfkit.userfiles import load_object, replayed_callable
 
 
 @dataclass
+class TrainerState:
+    """What a reward function reads of the run as ``trainer_state`` (the fields of TRL's ``TrainerState``
+    that shape rewards over training): global_step, the updates done before this batch; max_steps."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+@dataclass
 class RewardBatch:
     """B completions and what a reward may read about them (every list has B entries).
 
@@ -43,8 +59,10 @@ class RewardBatch:
     finished: False for a completion cut off at --max-new-tokens; columns: the prompt rows' other fields;
     rows: the 0-based index of each completion's prompt row in the data file (for error messages).
     A multi-turn rollout's completion is the conversation's last reply and its prompt the conversation before
-    it; messages: each whole conversation (passed to reward functions as ``messages``); env_rewards: the sum
-    of the environment's rewards of each (NaN where it gave none).
+    it (what a reward model scores); messages: each whole conversation; openings: how many of its first
+    messages it opened with (the row's prompt, or the environment's opening); conversation_ids: every token
+    after the opening's; env_rewards: the sum of the environment's rewards of each (NaN where it gave none).
+    trainer_state: the run's progress, set by ``Rewards``.
     """
 
     prompts: list
@@ -55,6 +73,33 @@ class RewardBatch:
     rows: list[int] = field(default_factory=list)
     messages: list[list[dict]] | None = None
     env_rewards: list[float] | None = None
+    openings: list[int] | None = None
+    conversation_ids: list[list[int]] | None = None
+    trainer_state: TrainerState = field(default_factory=TrainerState)
+
+    def function_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of a reward function, as TRL's GRPOTrainer passes them: the prompt rows'
+        columns, then ``prompts``, ``completions`` and ``completion_ids`` (chat prompts give message-list
+        completions; a multi-turn rollout gives its opening and every message after it), ``trainer_state``."""
+        if self.messages is not None:
+            openings = self.openings or [len(m) - 1 for m in self.messages]
+            prompts = [m[:k] for m, k in zip(self.messages, openings)]
+            completions: list = [m[k:] for m, k in zip(self.messages, openings)]
+            ids = self.conversation_ids if self.conversation_ids is not None else self.completion_ids
+        else:
+            prompts = self.prompts
+            completions = [
+                c if isinstance(p, str) else [{"role": "assistant", "content": c}]
+                for p, c in zip(self.prompts, self.completions)
+            ]
+            ids = self.completion_ids
+        return {
+            **self.columns,
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": ids,
+            "trainer_state": self.trainer_state,
+        }
 
 
 @dataclass
@@ -104,7 +149,8 @@ class RewardModelReward:
 
 
 class FunctionReward:
-    """A Python function with TRL's signature; ``None`` in its result marks a row it does not apply to.
+    """A Python function called as TRL calls it (``RewardBatch.function_arguments``); ``None`` in its result
+    marks a row it does not apply to.
 
     A function that raises, returns the wrong number of values, or a value that is not a finite number (or
     None) stops the run with one line naming the function and the data row."""
@@ -123,10 +169,9 @@ class FunctionReward:
     def __call__(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(batch.completions)
         try:
-            extra = {"messages": batch.messages} if batch.messages is not None else {}
-            values = self.fn(
-                batch.prompts, batch.completions, completion_ids=batch.completion_ids, **extra, **batch.columns
-            )
+            values = self.fn(**batch.function_arguments())
+            if inspect.isawaitable(values):
+                values = asyncio.run(_awaited(values))
         except Exception as exc:  # the user's code: any failure becomes one line naming it and the rows
             first = sorted(set(batch.rows))[:3] if batch.rows else []
             rows = ", ".join(str(r + 1) for r in first) + (", ..." if len(set(batch.rows)) > 3 else "")
@@ -158,6 +203,46 @@ class FunctionReward:
         return raw, raw.clone()
 
 
+async def _awaited(result):
+    return await result
+
+
+PASSED = ("prompts", "completions", "completion_ids", "trainer_state")  # besides the prompt rows' columns
+
+
+def check_signature(fn: Callable, name: str, columns: Iterable[str], data_path: str = "the data") -> None:
+    """Raise a UserError unless ``fn`` takes the keyword arguments a reward function is called with
+    (``PASSED`` and ``columns``, the prompt rows' other fields): one line naming the function, where it is
+    defined, and what it lacks. A callable without a readable signature (a builtin) is left to its call."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    columns = [c for c in dict.fromkeys(columns) if c not in PASSED]
+    passed = [*PASSED, *columns]
+    target = fn if inspect.isroutine(fn) else type(fn).__call__  # a callable object: its __call__
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    where = f"{code.co_filename}:{code.co_firstlineno}: " if code is not None else ""
+    gets = f"it is called with {', '.join(PASSED)} and the columns of {data_path} ({', '.join(columns) or 'none'})"
+    for p in params:
+        if p.default is not p.empty:
+            continue
+        if p.kind is p.POSITIONAL_ONLY:
+            raise UserError(
+                f"{where}reward function '{name}' has a positional-only parameter '{p.name}': reward functions "
+                f"get keyword arguments only ({gets})"
+            )
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in passed:
+            raise UserError(f"{where}reward function '{name}' needs '{p.name}', which it is not given: {gets}")
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        unexpected = [n for n in passed if n not in {p.name for p in params}]
+        if unexpected:
+            raise UserError(
+                f"{where}reward function '{name}' has no **kwargs but is also called with "
+                f"{', '.join(unexpected)}: add **kwargs to its parameters"
+            )
+
+
 class EnvReward:
     """The environment's rewards of a multi-turn rollout, summed over each episode; an episode without any
     is a row this reward does not apply to."""
@@ -181,6 +266,7 @@ class Rewards:
         self.components = components
         self.weights = list(weights) if weights else [1.0] * len(components)
         self.args = args
+        self.state = TrainerState()  # what reward functions read as trainer_state; the run sets it each step
 
     @property
     def names(self) -> list[str]:
@@ -196,6 +282,7 @@ class Rewards:
         return next((c for c in self.components if isinstance(c, RewardModelReward)), None)
 
     def __call__(self, batch: RewardBatch) -> RewardOutput:
+        batch.trainer_state = self.state
         raws, useds = zip(*(component(batch) for component in self.components))
         abstains = [c.abstains for c in self.components]
         total, valid = _weighted_sum(useds, self.weights, abstains)
@@ -257,19 +344,24 @@ def _task_reward(spec: str, task_name: str, name: str, data_path: str) -> Functi
 
 
 def build_rewards(
-    args: OnlineRewardArgs, data_path: str, scorer: RewardScorer | None = None, env: bool = False
+    args: OnlineRewardArgs,
+    data_path: str,
+    scorer: RewardScorer | None = None,
+    env: bool = False,
+    columns: Iterable[str] = (),
 ) -> Rewards:
     """The rewards of a run: the reward model first (when given: ``scorer``, loaded by the caller), then each
-    ``--reward-fn`` (a FILE.py:NAME or task spec, or a Python callable given through the Python API), then the
-    environment's (``env``)."""
+    ``--reward-fn`` (a FILE.py:NAME or task spec, or a Python callable given through the Python API), its
+    signature checked against the keyword arguments it will get (``columns``: the prompt rows' other fields),
+    then the environment's (``env``)."""
     components: list[Any] = []
     if scorer is not None:
         components.append(RewardModelReward(scorer, args))
+    columns = list(columns)
     for fn in args.reward_fn:
-        if isinstance(fn, str):
-            components.append(load_function(fn, data_path))
-        else:
-            components.append(FunctionReward(fn, data_path=data_path))
+        function = load_function(fn, data_path) if isinstance(fn, str) else FunctionReward(fn, data_path=data_path)
+        check_signature(function.fn, function.name, columns, data_path)
+        components.append(function)
     if env:
         components.append(EnvReward())
     return Rewards(components, args.reward_weights, args)

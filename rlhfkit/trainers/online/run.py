@@ -9,6 +9,7 @@ import torch
 
 from rlhfkit.config.online import OnlineConfig
 from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer, model_folder
@@ -20,7 +21,7 @@ from rlhfkit.multiturn.rollout import MultiTurn
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter
-from rlhfkit.trainers.online.rewards import build_rewards
+from rlhfkit.trainers.online.rewards import TrainerState, build_rewards
 from rlhfkit.trainers.online.trainer import OnlineTrainer, PromptBatch
 from rlhfkit.training import engines, updates
 from rlhfkit.training.distributed import gather_objects, per_rank
@@ -93,6 +94,20 @@ def start_engine(cfg: OnlineConfig, policy, tokenizer, session) -> VLLMEngine:
     )
 
 
+def check_prompts(cfg: OnlineConfig, tokenizer, examples: list, eval_examples: list) -> list[list[int]]:
+    """The prompts' ids, their lengths said (``rlhfkit.data.lengths``) and checked against the model's
+    positions before it loads. A conversation's opening is not cut: --max-total-tokens bounds it."""
+    max_prompt, generation = cfg.data.max_prompt_length, cfg.generation
+    if cfg.multi_turn:
+        check_generation_fits(cfg.model.model, [], generation.max_new_tokens, cfg.multiturn.max_total_tokens)
+        return [encode_prompt(tokenizer, ex.prompt, max_prompt) for ex in examples]
+    truncate = generation.truncate_prompts
+    ids = encode_prompts(tokenizer, [ex.prompt for ex in examples], max_prompt, truncate, cfg.data.data)
+    held_out = encode_prompts(tokenizer, [ex.prompt for ex in eval_examples], max_prompt, truncate, cfg.data.eval_data)
+    check_generation_fits(cfg.model.model, ids + held_out, generation.max_new_tokens)
+    return ids
+
+
 def train(cfg: OnlineConfig, scorer=None) -> dict:
     """Run the online-RL algorithm ``cfg`` configures (``PPOConfig``, ``GRPOConfig``, ``RLOOConfig``).
     ``scorer`` replaces the reward model (any object with RewardScorer's ``score(prompts, responses,
@@ -112,14 +127,15 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     if cfg.vllm.use_vllm:
         require_vllm()
     env = bool(cfg.multiturn.env)
-    rewards = build_rewards(cfg.reward, cfg.data.data, env=env)  # reward functions, checked now; the model later
+    columns = list(dict.fromkeys(k for ex in examples for k in ex.extra))
+    rewards = build_rewards(cfg.reward, cfg.data.data, env=env, columns=columns)  # functions checked now
 
     # 2. The roles (tools and environment first: they are checked before the models load).
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     multiturn = MultiTurn(cfg.multiturn, tokenizer, cfg.data.data) if cfg.multi_turn else None
+    prompt_ids = check_prompts(cfg, tokenizer, examples, eval_examples)
     seed_everything(cfg.run.seed)  # new weights (LoRA) start the same on every process
     actor_critic, ref_model = build_models(cfg, tokenizer)
-    prompt_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in examples]
 
     # 3. Session, trainer, resume.
     steps = (
@@ -135,7 +151,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         scorer = RewardScorer.load(
             cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
         )
-    rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env) if scorer is not None else rewards
+    rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env, columns) if scorer is not None else rewards
     if ref_model is not None:
         ref_model.to(session.device)
     engine = start_engine(cfg, actor_critic.policy, tokenizer, session) if cfg.vllm.use_vllm else None
@@ -155,8 +171,9 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         # Every process takes the same prompts from the stream and keeps its own block of them.
         index = ranks.block(stream.take(prompts_per_step))
         batch = PromptBatch(examples, prompt_ids, index, G, first_group=ranks.rank * len(index))
-        metrics = trainer.step(batch)
-        rollout = metrics.pop("_rollout", None)  # the whole batch, every process's rows
+        rewards.state = TrainerState(global_step=step - 1, max_steps=steps)
+        result = trainer.step(batch)
+        metrics, rollout = result.metrics, result.rollout  # the rollout: the whole batch, every process's rows
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
             with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
                 metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device, multiturn)

@@ -126,13 +126,49 @@ def test_reward_functions_get_the_extra_columns_and_completion_ids(task, tmp_pat
         progress=False,
     )
     (batch_prompts, completions, kwargs), *_ = calls
-    assert set(kwargs) == {"answer", "completion_ids"}
+    assert set(kwargs) == {"answer", "completion_ids", "trainer_state"}
+    assert kwargs["trainer_state"].global_step == 0 and kwargs["trainer_state"].max_steps == 1
     answer_of = {p: str(i) for i, p in enumerate(PROMPTS)}
     assert kwargs["answer"] == [answer_of[p] for p in batch_prompts]
     assert batch_prompts[:4] == [batch_prompts[0]] * 4 and batch_prompts[4:] == [batch_prompts[4]] * 4  # groups
     assert len(kwargs["completion_ids"]) == len(completions) == 8
     assert all(isinstance(i, int) for ids in kwargs["completion_ids"] for i in ids)
     assert "<python function" in (tmp_path / "config.yaml").read_text()  # a callable is named, not pickled
+
+
+def test_a_trl_chat_reward_function_runs_unchanged_on_chat_prompts(task, tmp_path):
+    """TRL's quick-start shape: keyword arguments, completions as assistant message lists for chat prompts."""
+    model, _, _ = task
+    seen = []
+
+    def reward_thanks(completions, **kwargs):
+        seen.append(completions)
+        return [1.0 if "thanks" in completion[0]["content"] else 0.0 for completion in completions]
+
+    chats = [{"prompt": [{"role": "user", "content": p}], "ground_truth": "thanks"} for p in PROMPTS]
+    rlhfkit.grpo(
+        model=str(model),
+        data=chats,
+        output_dir=tmp_path,
+        reward_fns=[reward_thanks],
+        max_steps=1,
+        batch_size=8,
+        num_generations=4,
+        max_new_tokens=6,
+        progress=False,
+    )
+    assert len(seen[0]) == 8 and all(c[0]["role"] == "assistant" and len(c) == 1 for c in seen[0])
+
+
+def test_a_reward_function_the_call_cannot_fill_stops_the_run_before_any_model_loads(task, tmp_path):
+    _, prompts, _ = task
+
+    def scored(prompt, completion):  # positional names TRL does not pass, no **kwargs
+        return [0.0]
+
+    with pytest.raises(UserError, match=r"reward function 'scored' needs 'prompt', which it is not given") as e:
+        rlhfkit.grpo(model=str(tmp_path / "no-model"), data=str(prompts), output_dir=tmp_path, reward_fns=[scored])
+    assert "the columns of" in str(e.value) and "(answer)" in str(e.value)
 
 
 def test_weighted_rewards_are_logged_each_and_summed(task, tmp_path):
@@ -168,9 +204,9 @@ def test_rows_no_reward_applies_to_get_zero_advantage(task, tmp_path, monkeypatc
     make_rollout = OnlineTrainer.make_rollout
 
     def recording(self, batch):
-        rollout, everyone, first, value_stats, metrics = make_rollout(self, batch)
-        seen.append((batch.prompts, rollout, metrics))
-        return rollout, everyone, first, value_stats, metrics
+        experience = make_rollout(self, batch)
+        seen.append((batch.prompts, experience.rollout, experience.metrics))
+        return experience
 
     monkeypatch.setattr(OnlineTrainer, "make_rollout", recording)
     train(

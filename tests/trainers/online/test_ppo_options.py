@@ -165,7 +165,7 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
         results.append((read_metrics(out), load_file(out / "model.safetensors")))
     # per step: one packing for the rollout (shared by the reference pass) + one per minibatch (2 epochs x 2),
     # and a separate value model's pass after the policy's packs each minibatch's quarters (4 rows: 4 x 1)
-    from rlhfkit.trainers.online.trainer import VALUE_PASS_SPLIT
+    from rlhfkit.accel.online import VALUE_PASS_SPLIT
 
     per_update = 1 + VALUE_PASS_SPLIT if value == "separate" else 1
     assert len(packed_calls) == 2 * (1 + 4 * per_update) and sum(p is not None for p in packed_calls) > 5
@@ -208,18 +208,17 @@ def test_the_lm_head_taken_block_by_block_gives_the_same_update(thanks_task, tmp
     (``response_token_stats`` without logits), PPO logs the same metrics and reaches the same weights."""
     from safetensors.torch import load_file
 
-    from rlhfkit.models import forward
-    from rlhfkit.ops import vocab_chunks
+    from rlhfkit.accel import vocab
 
     model, prompts = thanks_task
     args = f"--model {model} --data {prompts} --max-steps 2 --lora-r {lora} --learning-rate 1e-3 {BASE}"
     fused_calls = []
-    head_logprobs = forward.head_logprobs
-    monkeypatch.setattr(forward, "head_logprobs", lambda *a, **k: fused_calls.append(1) or head_logprobs(*a, **k))
+    head_logprobs = vocab.head_logprobs
+    monkeypatch.setattr(vocab, "head_logprobs", lambda *a, **k: fused_calls.append(1) or head_logprobs(*a, **k))
     results = []
     for block in (None, 3 * 400):  # default (the tiny vocabulary's logits fit one block), then 3 positions a block
         if block is not None:
-            monkeypatch.setattr(vocab_chunks, "CHUNK_ELEMENTS", block)
+            monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", block)
         out = tmp_path / f"block-{block}"
         torch.manual_seed(0)
         train(parse("ppo", f"{args} --output-dir {out}"), scorer=ThanksScorer())
@@ -270,6 +269,7 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     rollout: its forward then runs once per epoch, none without gradients."""
     from safetensors.torch import load_file
 
+    from rlhfkit.accel.online import VALUE_PASS_SPLIT, Networks
     from rlhfkit.trainers.online.policy import ActorCritic
 
     model, prompts = thanks_task
@@ -281,9 +281,9 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     parts = []
     forward = ActorCritic.forward
 
-    def recorded(self, *a, part="both", **k):
-        parts.append(part)
-        return forward(self, *a, part=part, **k)
+    def recorded(self, *a, networks=Networks.ALL, **k):
+        parts.append(networks)
+        return forward(self, *a, networks=networks, **k)
 
     monkeypatch.setattr(ActorCritic, "forward", recorded)
     results = []
@@ -296,13 +296,11 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
         results.append((read_metrics(out), weights, list(parts)))
     (rows_apart, w_apart, parts_apart), (rows_joint, w_joint, parts_joint) = results
     # with gradients the networks run apart; the rollout's pass without them runs both unless it is reused
-    assert parts_apart.count("both") == (0 if minibatches == 1 else 2)
-    assert parts_apart.count("value") > parts_apart.count("policy") > 0
+    assert parts_apart.count(Networks.ALL) == (0 if minibatches == 1 else 2)
+    assert parts_apart.count(Networks.VALUE) > parts_apart.count(Networks.POLICY) > 0
     if minibatches == 1:  # 2 steps x 2 epochs x the quarters of one minibatch
-        from rlhfkit.trainers.online.trainer import VALUE_PASS_SPLIT
-
-        assert parts_apart.count("value") == 2 * 2 * VALUE_PASS_SPLIT
-    assert set(parts_joint) == {"both"}
+        assert parts_apart.count(Networks.VALUE) == 2 * 2 * VALUE_PASS_SPLIT
+    assert set(parts_joint) == {Networks.ALL}
     for a, b in zip(rows_apart, rows_joint):
         for key in ("loss/policy", "loss/value", "loss/total", "value/mean", "kl/ref"):
             assert a[key] == pytest.approx(b[key], abs=1e-5), key

@@ -1,4 +1,5 @@
-"""Rewards as one protocol: functions with TRL's signature, built-in task rewards by name, the weighted sum."""
+"""Rewards as one protocol: functions called as TRL calls them (each shape of its documentation), their
+signatures checked up front, built-in task rewards by name, the weighted sum."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import yaml
 
 from rlhfkit.config.online import OnlineRewardArgs
 from rlhfkit.errors import UserError
-from rlhfkit.trainers.online.rewards import FunctionReward, RewardBatch, Rewards, load_function
+from rlhfkit.trainers.online.rewards import (
+    FunctionReward,
+    RewardBatch,
+    Rewards,
+    TrainerState,
+    build_rewards,
+    check_signature,
+    load_function,
+)
 
 
 def batch(completions, prompts=None, finished=None, **columns) -> RewardBatch:
@@ -49,8 +58,8 @@ def test_built_in_task_rewards_by_name():
 
 
 def test_weighted_sum_skips_none_and_marks_rows_no_reward_applies_to():
-    half = FunctionReward(lambda p, c, **k: [None, 1.0, None], "half")
-    other = FunctionReward(lambda p, c, **k: [2.0, 3.0, None], "other")
+    half = FunctionReward(lambda completions, **k: [None, 1.0, None], "half")
+    other = FunctionReward(lambda completions, **k: [2.0, 3.0, None], "other")
     out = Rewards([half, other], [1.0, 0.5], OnlineRewardArgs(reward_clip=None))(batch(["a", "b", "c"]))
     assert out.score[:2].tolist() == [1.0, 2.5] and math.isnan(out.score[2])
     assert out.total.tolist() == [1.0, 2.5, 0.0] and out.valid.tolist() == [True, True, False]
@@ -72,7 +81,7 @@ def test_a_function_that_breaks_its_contract_names_itself_and_the_row():
     with pytest.raises(UserError, match=r"data\.jsonl: row 2: reward function 'wrong' returned inf"):
         FunctionReward(wrong, data_path="data.jsonl")(batch(["a", "b"]))
     with pytest.raises(UserError, match="returned str, not a list of 2 numbers"):
-        FunctionReward(lambda p, c, **k: "ab", "text")(batch(["a", "b"]))
+        FunctionReward(lambda completions, **k: "ab", "text")(batch(["a", "b"]))
     with pytest.raises(UserError, match="two rewards are named same"):
         Rewards([FunctionReward(len, "same"), FunctionReward(len, "same")], None, OnlineRewardArgs())
 
@@ -105,3 +114,117 @@ def test_a_config_recording_a_python_callable_says_to_give_it_again(tmp_path):
     recorded = yaml.safe_load(text)["reward_fn"]
     with pytest.raises(UserError, match=r"was given a Python callable.*give it again, as FILE.py:NAME"):
         load_function(recorded[0])
+
+
+# TRL's documented reward-function shapes, as its users write them.
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def starts_with_prompt_word(prompts, completions, **kwargs):
+    return [float(c.split()[0] in p) if c.split() else 0.0 for p, c in zip(prompts, completions)]
+
+
+def format_reward_func(completions, **kwargs):
+    contents = [completion[0]["content"] for completion in completions]
+    return [1.0 if c.startswith("<think>") else 0.0 for c in contents]
+
+
+def accuracy_reward(completions, ground_truth, **kwargs):
+    return [1.0 if c[0]["content"].strip() == gt else 0.0 for c, gt in zip(completions, ground_truth)]
+
+
+def token_budget(completion_ids, **kwargs):
+    return [1.0 if len(ids) <= 2 else 0.0 for ids in completion_ids]
+
+
+async def remote_judge(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def warm_up(completions, trainer_state, **kwargs):
+    return [float(trainer_state.global_step) / trainer_state.max_steps] * len(completions)
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+
+
+def test_plain_prompts_give_string_completions_by_keyword():
+    b = batch([" 12345", " the answer is 4"], prompts=["say the answer", "the answer?"])
+    assert reward_len(**b.function_arguments()) == [-14, -4]
+    assert FunctionReward(reward_len)(b)[0].tolist() == [-14.0, -4.0]
+    assert FunctionReward(starts_with_prompt_word)(b)[0].tolist() == [0.0, 1.0]
+
+
+def test_chat_prompts_give_completions_as_assistant_message_lists():
+    b = RewardBatch(
+        [CHAT, CHAT, CHAT], ["<think>4</think> 4", "4", " 5"], [[7, 8], [9], [10, 11, 12]], [True] * 3,
+        {"ground_truth": ["4", "4", "4"]}, [0, 0, 0],
+    )  # fmt: skip
+    args = b.function_arguments()
+    assert args["prompts"] == [CHAT] * 3
+    assert args["completions"][1] == [{"role": "assistant", "content": "4"}]
+    assert args["completion_ids"] == [[7, 8], [9], [10, 11, 12]] and args["ground_truth"] == ["4", "4", "4"]
+    assert FunctionReward(format_reward_func)(b)[0].tolist() == [1.0, 0.0, 0.0]
+    assert FunctionReward(accuracy_reward)(b)[0].tolist() == [0.0, 1.0, 0.0]  # an extra column by its name
+    assert FunctionReward(token_budget)(b)[0].tolist() == [1.0, 1.0, 0.0]  # completion_ids only
+    assert FunctionReward(remote_judge)(b)[0].tolist() == [1.0, 1.0, 1.0]  # async: awaited; one message each
+
+
+def test_trainer_state_tells_the_function_where_the_run_is():
+    rewards = Rewards([FunctionReward(warm_up)], None, OnlineRewardArgs(reward_clip=None))
+    rewards.state = TrainerState(global_step=3, max_steps=12)
+    assert rewards(batch(["a", "b"])).total.tolist() == [0.25, 0.25]
+
+
+def test_a_multi_turn_rollout_gives_its_opening_and_every_message_after_it():
+    opening = [{"role": "user", "content": "what is 2 + 3?"}]
+    conversation = opening + [
+        {"role": "assistant", "content": '<tool_call>{"name": "add"}</tool_call>'},
+        {"role": "tool", "content": "5"},
+        {"role": "assistant", "content": "5"},
+    ]
+    b = RewardBatch(
+        [conversation[:-1]], ["5"], [[5]], [True], {"answer": ["5"]}, [0],
+        messages=[conversation], openings=[1], conversation_ids=[[1, 2, 3, 4, 5]],
+    )  # fmt: skip
+    args = b.function_arguments()
+    assert args["prompts"] == [opening] and args["completions"] == [conversation[1:]]
+    assert args["completion_ids"] == [[1, 2, 3, 4, 5]] and args["answer"] == ["5"]
+    assert load_function("tools")(b)[0].tolist() == [1.0]  # the built-in reward reads the final reply
+
+
+def test_a_signature_the_call_cannot_fill_is_named_with_what_it_lacks(tmp_path):
+    (tmp_path / "rewards.py").write_text(
+        "def old_style(p, c, **kwargs):\n    return [0.0] * len(c)\n\n"
+        "def no_kwargs(prompts, completions):\n    return [0.0] * len(completions)\n\n"
+        "def needs_answer(completions, answer, **kwargs):\n    return [0.0] * len(completions)\n\n"
+        "def positional_only(completions, /, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
+    path = tmp_path / "rewards.py"
+
+    def check(name, columns=()):
+        args = OnlineRewardArgs(reward_fn=[f"{path}:{name}"])
+        return build_rewards(args, "prompts.jsonl", columns=columns)
+
+    with pytest.raises(UserError) as raised:
+        check("old_style", ["answer"])
+    assert str(raised.value) == (
+        f"{path}:1: reward function 'old_style' needs 'p', which it is not given: it is called with prompts, "
+        "completions, completion_ids, trainer_state and the columns of prompts.jsonl (answer)"
+    )
+    with pytest.raises(UserError, match=r"rewards.py:4: reward function 'no_kwargs' has no \*\*kwargs but is "
+                       r"also called with completion_ids, trainer_state, answer: add \*\*kwargs"):  # fmt: skip
+        check("no_kwargs", ["answer"])
+    with pytest.raises(UserError, match=r"'needs_answer' needs 'answer', .* the columns of prompts.jsonl \(none\)"):
+        check("needs_answer")
+    assert check("needs_answer", ["answer"]).names == ["needs_answer"]  # the column is there: fine
+    with pytest.raises(UserError, match="has a positional-only parameter 'completions'"):
+        check("positional_only")
+    for shape in (reward_len, starts_with_prompt_word, format_reward_func, token_budget, remote_judge, warm_up):
+        check_signature(shape, shape.__name__, [])
+    check_signature(accuracy_reward, "accuracy_reward", ["ground_truth"])
+    for task in ("arithmetic", "arithmetic:format", "support", "tools"):
+        check_signature(load_function(task).fn, task, ["answer"])

@@ -213,6 +213,14 @@ def dpo(config=None, /, **options: Any) -> Result:
     return _train("dpo", config, options)
 
 
+def merge(config=None, /, **options: Any) -> Result:
+    """A LoRA adapter merged into its base model (``rlhfkit merge``): ``adapter`` (e.g. a run's ``output_dir``
+    written with ``save_merged=False``) and ``output_dir`` required; ``model`` the base when the adapter's
+    config does not name one that exists here."""
+    _, resolved = _run("merge", config, **options)
+    return Result(Path(resolved["output_dir"]))
+
+
 def init_model(config=None, /, **options: Any) -> Result:
     """A small random causal LM and a BPE tokenizer trained on ``corpus`` (``rlhfkit init-model``)."""
     _, resolved = _run("init-model", config, **options)

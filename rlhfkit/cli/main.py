@@ -56,6 +56,11 @@ COMMANDS: dict[str, Command] = {
     "dpo": Command(
         c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"
     ),
+    "merge": Command(
+        c.MergeConfig,
+        "rlhfkit.models.merge:run",
+        "merge a LoRA adapter into its base model -> a full model folder (as a run with --save-merged writes)",
+    ),
     "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
     "score": Command(
         c.ScoreConfig, "rlhfkit.inference.score:run", "reward-model scores for prompt/response rows -> JSONL"

@@ -68,6 +68,7 @@ class RewardArgs:
 class RMConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output_dir")
     model: ModelArgs = field(default_factory=ModelArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
     data: DataArgs = field(default_factory=DataArgs)
     reward: RewardArgs = field(default_factory=RewardArgs)
     optim: OptimArgs = field(default_factory=OptimArgs)
@@ -75,7 +76,7 @@ class RMConfig:
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:
-        check_training(self.optim, self.run)
+        check_training(self.optim, self.run, self.lora)
         positive(ensemble=self.reward.ensemble)
         at_least(0, center_coef=self.reward.center_coef, conservative_k=self.reward.conservative_k)
 
@@ -88,6 +89,10 @@ class DPOArgs:
     """sigmoid: DPO (Rafailov et al. 2023); ipo: squared loss (Azar et al. 2023)."""
     label_smoothing: float = 0.0
     """Conservative DPO: assumed probability that a preference label is flipped (sigmoid loss only)."""
+    ref_model: str = ""
+    """The reference of the DPO loss: a causal LM folder or .gguf file with the policy's tokenizer (e.g. the SFT
+    model when --model starts elsewhere); empty: the starting policy (with LoRA: its backbone with the adapters
+    off)."""
     precompute_ref: bool = False
     """Compute each training pair's reference log-probs once and look them up after: with full fine-tuning all
     before training (the reference copy is then freed), with LoRA each the first time its pair is drawn."""
@@ -190,6 +195,20 @@ class EvalConfig:
     def check(self) -> None:
         _check_sampling(self.io, self.generation)
         at_least(0, num_prompts=self.eval.num_prompts)
+
+
+@dataclass
+class MergeConfig:
+    REQUIRED: ClassVar[tuple[str, ...]] = ("adapter", "output_dir")
+    adapter: str = ""
+    """A LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g. a run's OUT with
+    --save-merged false, or OUT/adapter of any LoRA run."""
+    output_dir: str = ""
+    """Where the merged model (Hugging Face format, loadable by every command) and its tokenizer go; the
+    adapter is kept under OUT/adapter/ as after training."""
+    model: str = ""
+    """The base model the adapter was trained on; empty: the folder the adapter's adapter_config.json names."""
+    trust_remote_code: bool = options.trust_remote_code()
 
 
 @dataclass

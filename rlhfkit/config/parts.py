@@ -25,13 +25,18 @@ class ModelArgs:
 @dataclass
 class LoraArgs:
     lora_r: int = 0
-    """LoRA rank; 0 trains all weights. With LoRA the frozen reference is the same backbone with adapters off."""
+    """LoRA rank; 0 trains all weights. With LoRA the frozen reference is the same backbone with adapters off;
+    a reward model's score head (rm, and ppo's --value-model) trains in full beside its adapters."""
     lora_alpha: float = 16.0
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
     lora_target_modules: str = "all-linear"
     """Comma-separated module names to adapt, or 'all-linear'."""
+    save_merged: bool = True
+    """With LoRA, write the final model with the adapter merged into full weights (loadable by every command)
+    and the adapter under OUT/adapter/; false: only the adapter (and the tokenizer) in OUT, which
+    PeftModel.from_pretrained(base, OUT) loads and `rlhfkit merge --adapter OUT` merges later."""
 
 
 @dataclass

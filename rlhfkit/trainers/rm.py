@@ -27,6 +27,7 @@ from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
+from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import (
     ENSEMBLE_FILE,
     STATS_FILE,
@@ -193,6 +194,8 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     model = build_reward_model(cfg.model.model, tokenizer, cfg.model.trust_remote_code)
     disable_dropout(model)
+    if cfg.lora.lora_r > 0:  # adapters on the backbone; the new score head trains in full beside them
+        model = apply_lora(model, cfg.lora, task_type="SEQ_CLS")
     train_pairs = encode_all(tokenizer, train_examples, cfg.data)
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data) if eval_examples else None
 

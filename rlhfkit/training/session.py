@@ -38,6 +38,9 @@ class Session:
     total_steps: int
     stop: StopSignal
     resume_from: Path | None = None  # the checkpoint --resume continues from
+    save_merged: bool = (
+        True  # --save-merged: a LoRA model's final weights merged (and the adapter) or the adapter alone
+    )
 
     @property
     def device(self) -> torch.device:
@@ -132,7 +135,8 @@ class Session:
         vocab_chunks.release_blocks()  # the LM head's kept blocks
 
     def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
-        """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
+        """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/; with
+        ``--save-merged false`` the adapter alone), written by
         the main process once every process is done, with one line saying where; then close the logger.
         Under a sharding engine the full weights are gathered first (every process takes part); ``prefix``
         then selects the saved model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
@@ -144,7 +148,7 @@ class Session:
             for part in filter(None, prefix.rstrip(".").split(".")):
                 target = getattr(target, part)
             weights = None if full is None else {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-            save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
+            save_pretrained(target, tokenizer, self.output_dir, state_dict=weights, merged=self.save_merged)
             print(f"model saved to {self.output_dir.resolve()}", flush=True)
         self.accelerator.wait_for_everyone()
         if close:
@@ -208,7 +212,10 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
     if ranks.is_main:
         save_config(config, out)
     logger = MetricsLogger(out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc)
-    return Session(accelerator, logger, checkpointer, out, start, total_steps, StopSignal().__enter__(), path)
+    lora = getattr(config, "lora", None)
+    save_merged = getattr(lora, "save_merged", True)
+    stop = StopSignal().__enter__()
+    return Session(accelerator, logger, checkpointer, out, start, total_steps, stop, path, save_merged)
 
 
 def print_error(message: str) -> None:

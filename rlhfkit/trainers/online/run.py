@@ -70,6 +70,8 @@ def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Mo
         vm = load_reward_model(critic.value_model, cfg.model.trust_remote_code)
         disable_dropout(vm)
         value_model = SeparateValueModel(vm)
+        if cfg.lora.lora_r > 0:  # adapters on its backbone as on the policy's; its score head trains in full
+            value_model.backbone = apply_lora(value_model.backbone, cfg.lora, task_type="FEATURE_EXTRACTION")
     return ActorCritic(policy, value_model, critic=cfg.needs_critic), ref_model
 
 

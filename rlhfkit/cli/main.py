@@ -114,12 +114,22 @@ def version() -> str:
 
 
 def execute(name: str, config):
-    """Run command ``name`` on a parsed config; returns what the command returns. The SIGTERM/SIGINT handlers
-    a training session installs are put back as they were, however the command ends."""
+    """Run command ``name`` on a parsed config (on its ``--threads`` CPU threads); returns what the command
+    returns. The SIGTERM/SIGINT handlers a training session installs, and torch's thread count, are put back as
+    they were, however the command ends."""
+    from rlhfkit.config.parse import flat_dict
+    from rlhfkit.training.runtime import cpu_threads
+
     module, func = COMMANDS[name].target.split(":")
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    run = getattr(config, "run", None)
+    if run is not None and launched_world() == 1:  # before any model loads (a launcher's processes check later)
+        from rlhfkit.training.session import check_output_dir
+
+        check_output_dir(config, run)
     try:
-        return getattr(importlib.import_module(module), func)(config)
+        with cpu_threads(flat_dict(config).get("threads") or 0):
+            return getattr(importlib.import_module(module), func)(config)
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():

@@ -34,9 +34,10 @@ class InitModelConfig:
     vocab_size: int = 0
     """BPE vocabulary size; 0 uses the size's default (1024 tiny, 4096 small)."""
     seed: int = options.seed()
+    threads: int = options.threads()
 
     def check(self) -> None:
-        at_least(0, vocab_size=self.vocab_size)
+        at_least(0, vocab_size=self.vocab_size, threads=self.threads)
 
 
 @dataclass
@@ -127,12 +128,14 @@ class IOArgs:
     batch_size: int = options.batch_size(16)
     seed: int = options.seed()
     cpu: bool = options.cpu()
+    threads: int = options.threads()
     max_prompt_length: int = options.max_prompt_length()
     dist_timeout: int = options.dist_timeout()
 
 
 def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:
     positive(batch_size=io.batch_size, temperature=generation.temperature, max_new_tokens=generation.max_new_tokens)
+    at_least(0, threads=io.threads)
 
 
 @dataclass
@@ -170,6 +173,7 @@ class ScoreConfig:
 
     def check(self) -> None:
         positive(batch_size=self.io.batch_size)
+        at_least(0, threads=self.io.threads)
 
 
 @dataclass
@@ -209,6 +213,10 @@ class MergeConfig:
     model: str = ""
     """The base model the adapter was trained on; empty: the folder the adapter's adapter_config.json names."""
     trust_remote_code: bool = options.trust_remote_code()
+    threads: int = options.threads()
+
+    def check(self) -> None:
+        at_least(0, threads=self.threads)
 
 
 @dataclass
@@ -236,4 +244,8 @@ class DemoConfig:
     progress: bool = True
     """Show progress bars of the stages."""
     threads: int = 1
-    """torch CPU threads; a tiny model runs fastest on one (more threads only add synchronisation)."""
+    """torch CPU threads of every stage; a tiny model runs fastest on one (more threads only add
+    synchronisation); 0: torch's default, one per core."""
+
+    def check(self) -> None:
+        at_least(0, threads=self.threads)

@@ -50,3 +50,11 @@ def trust_remote_code() -> Any:
 
 def max_prompt_length(default: int = 128) -> Any:
     return option(default, "Longest prompt in tokens; longer prompts keep their last tokens.")
+
+
+def threads(default: int = 0) -> Any:
+    return option(
+        default,
+        "torch CPU threads for the command's work (torch.set_num_threads, and the inter-op pool where it can "
+        "still be set); 0: torch's default, one per core. A tiny model runs fastest on one.",
+    )

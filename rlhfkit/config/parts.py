@@ -91,11 +91,15 @@ class RunArgs:
     """Keep only the newest N checkpoints."""
     resume: bool = False
     """Continue from the newest complete checkpoint in --output-dir."""
+    overwrite_output_dir: bool = False
+    """Empty --output-dir first when it holds another run (metrics, checkpoints, a model); without this or
+    --resume such a folder stops the command, so no run is written over by mistake."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """Autocast precision; 'auto' is bf16 on a GPU that supports it, else full precision. On a CPU with native
     bf16 matmuls (AVX512-BF16 / AMX), 'bf16' can speed up models of a few million parameters and up; for tiny
     models the casts cost more than they save."""
     cpu: bool = options.cpu()
+    threads: int = options.threads()
     progress: bool = True
     """Show a progress bar."""
     dist_timeout: int = options.dist_timeout()

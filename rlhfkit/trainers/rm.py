@@ -179,7 +179,9 @@ def _member_config(cfg: RMConfig, i: int) -> RMConfig:
         return cfg
     out = Path(cfg.run.output_dir) / f"member-{i}"
     resume = cfg.run.resume and Checkpointer(out).latest() is not None
-    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume)
+    # a member interrupted before its first checkpoint starts again in its own folder
+    overwrite = cfg.run.overwrite_output_dir or (cfg.run.resume and not resume)
+    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume, overwrite_output_dir=overwrite)
     return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
 
 

@@ -130,6 +130,11 @@ def execute(name: str, config):
     try:
         with cpu_threads(flat_dict(config).get("threads") or 0):
             return getattr(importlib.import_module(module), func)(config)
+    except BaseException:
+        from rlhfkit.training.logger import close_progress_bars
+
+        close_progress_bars()  # before the caller prints the error
+        raise
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():

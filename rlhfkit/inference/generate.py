@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import GenerateConfig
 from rlhfkit.data.encode import encode_prompt
+from rlhfkit.data.readers import row_location
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
@@ -45,7 +46,7 @@ def run(cfg: GenerateConfig) -> Path:
     prompts_ids = [encode_prompt(tokenizer, ex.prompt, cfg.io.max_prompt_length) for ex in examples]
     for i, ids in enumerate(prompts_ids):
         if not ids:
-            raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
+            raise UserError(f"{row_location(cfg.io.data, i)}: field 'prompt': encodes to no tokens")
 
     # 3. Sample: this process's share of the prompts, each repeated K times in a row, so a prompt's K samples
     #    are neighbours in the output.

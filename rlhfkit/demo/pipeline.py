@@ -52,7 +52,6 @@ class Background:
         self.load = float("nan")
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        argv = f"{argv} --threads {threads}"
         start = time.perf_counter()
         with open(log, "w") as f:
             f.write(f"rlhfkit {command} {argv}\n")

@@ -126,7 +126,7 @@ def execute(name: str, config):
     if run is not None and launched_world() == 1:  # before any model loads (a launcher's processes check later)
         from rlhfkit.training.session import check_output_dir
 
-        check_output_dir(config, run)
+        check_output_dir(run)
     try:
         with cpu_threads(flat_dict(config).get("threads") or 0):
             return getattr(importlib.import_module(module), func)(config)

@@ -203,9 +203,9 @@ def run_files(out: Path) -> list[str]:
     return found + sorted(f.name for f in out.glob("model-*.safetensors"))[:1]  # a sharded model's first file
 
 
-def check_output_dir(config, run: RunArgs) -> None:
+def check_output_dir(run) -> None:
     """Stop when ``--output-dir`` holds another run, unless ``--resume`` continues it or
-    ``--overwrite-output-dir`` replaces it."""
+    ``--overwrite-output-dir`` replaces it (``run``: a RunArgs, or anything with those three fields)."""
     out = Path(run.output_dir)
     found = run_files(out)
     if found and not run.resume and not run.overwrite_output_dir:
@@ -254,7 +254,7 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
         raise UserError(f"{out}: cannot create {option('output_dir')} ({exc.strerror})") from None
     accelerator = make_accelerator(run)
     ranks = ranks_of(accelerator)
-    check_output_dir(config, run)
+    check_output_dir(run)
     replace = bool(run_files(out)) and run.overwrite_output_dir and not run.resume
     accelerator.wait_for_everyone()  # every process looked before the main one writes anything
     if replace:

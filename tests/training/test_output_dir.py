@@ -57,10 +57,13 @@ def test_an_empty_or_unrelated_folder_is_fine(tiny_model_dir, data, tmp_path, ca
 def test_resume_continues_and_the_api_keeps_its_in_memory_inputs(tiny_model_dir, tmp_path):
     out = tmp_path / "api"
     rows = sft_rows(16)
-    common = dict(model=str(tiny_model_dir), data=rows, output_dir=str(out), progress=False)
+    common = dict(model=str(tiny_model_dir), output_dir=str(out), progress=False)
+    common["data"] = rows
     rlhfkit.sft(**common, max_steps=2, save_steps=2)
+    kept = (out / "inputs" / "data.jsonl").read_text()
     with pytest.raises(UserError, match="output_dir holds another run.*overwrite_output_dir=True"):
-        rlhfkit.sft(**common, max_steps=2)
+        rlhfkit.sft(**{**common, "data": sft_rows(16, seed=1)}, max_steps=2)  # other rows, refused
+    assert (out / "inputs" / "data.jsonl").read_text() == kept  # the run's own inputs stay as they were
     rlhfkit.sft(**common, max_steps=4, resume=True)
     assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
     # the rows given in memory are written to OUT/inputs/ first: replacing the run keeps them

@@ -56,6 +56,8 @@ class HeldOutEvaluator:
 
     @torch.no_grad()
     def evaluate(self, trainer, step: int) -> dict[str, float]:
+        """Sample and measure every held-out prompt (each process its share) with ``trainer``'s current policy,
+        append the rows to ``eval_samples.jsonl``, and return the ``eval/`` metrics."""
         ranks = trainer.session.ranks
         mine = ranks.span(len(self.examples))
         size = max(1, trainer.cfg.optim.batch_size // ranks.world)

@@ -44,8 +44,9 @@ class DataArgs:
     data: str = ""
     """Training data: a .jsonl, .json or .parquet file, or a datasets.save_to_disk folder."""
     eval_data: str = ""
-    """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo: the held-out prompts
-    that --gold-judge scores every --gold-steps)."""
+    """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo, grpo, rloo: prompts,
+    sampled by the policy and measured with the run's rewards, KL and length into eval/ metrics and
+    eval_samples.jsonl; --gold-judge also scores them every --gold-steps)."""
     max_length: int = 256
     """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start)."""
     max_prompt_length: int = options.max_prompt_length()

@@ -151,9 +151,11 @@ def _check_output_dir(config_cls: type, options: dict[str, Any]) -> None:
     """Stop before writing in-memory rows into ``output_dir`` when it holds another run (as the command would)."""
     from types import SimpleNamespace
 
+    from rlhfkit.cli.main import launched_world
     from rlhfkit.training.session import check_output_dir
 
-    if not hasattr(config_cls(), "run") or not options.get("output_dir"):
+    # under a launcher the processes check together when the session opens (one may already have written)
+    if not hasattr(config_cls(), "run") or not options.get("output_dir") or launched_world() > 1:
         return
     run = SimpleNamespace(
         output_dir=str(options["output_dir"]),

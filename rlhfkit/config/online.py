@@ -139,7 +139,8 @@ class AdvantageArgs:
 @dataclass
 class CriticArgs:
     value_model: str = ""
-    """Separate value model directory (e.g. the reward model, as InstructGPT); empty: a value head on the policy."""
+    """Separate value model directory (e.g. the reward model, as InstructGPT); empty: a value head on the policy.
+    With --lora-r its backbone gets adapters too (its score head trains in full)."""
     vf_coef: float = 0.1
     """c1: weight of the value loss."""
     value_clip: float | None = 0.2

@@ -30,7 +30,7 @@ from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_pretrained, load_reward_model, load_tokenizer, match_tokenizer
-from rlhfkit.models.unwrap import without_ddp
+from rlhfkit.models.unwrap import base_model, without_ddp
 from rlhfkit.training.batches import chunks
 
 STATS_FILE = "reward_stats.json"
@@ -45,7 +45,9 @@ def is_encoder(model) -> bool:
     last token; that head is what tells the two kinds apart. A model with neither (remote code) is
     treated like an encoder: its own pooled output is the score.
     """
-    return not isinstance(getattr(without_ddp(model), "score", None), torch.nn.Linear)
+    head = getattr(base_model(model), "score", None)
+    head = getattr(head, "original_module", head)  # trained in full beside LoRA adapters (PEFT's modules_to_save)
+    return not isinstance(head, torch.nn.Linear)
 
 
 def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):

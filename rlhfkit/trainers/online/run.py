@@ -16,6 +16,7 @@ from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_token
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.multiturn.rollout import MultiTurn
+from rlhfkit.trainers.online.evaluation import HeldOutEvaluator
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter
@@ -70,6 +71,8 @@ def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Mo
         vm = load_reward_model(critic.value_model, cfg.model.trust_remote_code)
         disable_dropout(vm)
         value_model = SeparateValueModel(vm)
+        if cfg.lora.lora_r > 0:  # adapters on its backbone as on the policy's; its score head trains in full
+            value_model.backbone = apply_lora(value_model.backbone, cfg.lora, task_type="FEATURE_EXTRACTION")
     return ActorCritic(policy, value_model, critic=cfg.needs_critic), ref_model
 
 
@@ -138,6 +141,11 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         trainer.load_state_dict(resumed, stream)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
     monitor = HackingMonitor(session.logger)
+    held_out = None
+    if eval_examples:
+        eval_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in eval_examples]
+        judge = gold.judge if gold is not None else None
+        held_out = HeldOutEvaluator(eval_examples, eval_ids, session.output_dir, judge, session.start_step)
     if resumed is not None:
         monitor.load_state_dict(resumed["monitor"])
 
@@ -153,6 +161,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
             with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
                 metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device, multiturn)
+        if held_out is not None and session.eval_due(step, cfg.run.eval_steps):
+            metrics.update(held_out.evaluate(trainer, step))
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass
 
 from rlhfkit.config import commands as c
+from rlhfkit.config.iterate import IterateConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import Preempted, UserError
 
@@ -52,6 +53,11 @@ COMMANDS: dict[str, Command] = {
         c.RLOOConfig,
         "rlhfkit.trainers.online:train",
         "RLOO: several completions per prompt, leave-one-out baseline, no critic (Python reward functions)",
+    ),
+    "iterate": Command(
+        IterateConfig,
+        "rlhfkit.iterate:run",
+        "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
     ),
     "dpo": Command(
         c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"

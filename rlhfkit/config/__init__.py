@@ -15,6 +15,7 @@ from rlhfkit.config.commands import (
     SFTConfig,
     ViewConfig,
 )
+from rlhfkit.config.iterate import IterateConfig
 
 __all__ = [
     "DPOConfig",
@@ -23,6 +24,7 @@ __all__ = [
     "GRPOConfig",
     "GenerateConfig",
     "InitModelConfig",
+    "IterateConfig",
     "LabelConfig",
     "PPOConfig",
     "RLOOConfig",

@@ -56,7 +56,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "iterate": Command(
         IterateConfig,
-        "rlhfkit.iterate:run",
+        "rlhfkit.iterated:run",
         "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
     ),
     "dpo": Command(

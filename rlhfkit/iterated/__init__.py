@@ -3,6 +3,6 @@ judged (``judges.py``: a Python function; ``human.py``: people on the labelling 
 continues on all pairs so far, and PPO continues from the last round (``loop.py``; ``models.py``: what a round
 hands to the next)."""
 
-from rlhfkit.iterate.loop import run
+from rlhfkit.iterated.loop import run
 
 __all__ = ["run"]

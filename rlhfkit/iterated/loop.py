@@ -36,8 +36,8 @@ from rlhfkit.config.online import PPOConfig
 from rlhfkit.config.parts import DataArgs, ModelArgs, OptimArgs, RunArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.iterate.judges import Judge, load_judge
-from rlhfkit.iterate.models import VALUE_DIR, copy_model, pair_accuracy, sample_pairs, save_value_model
+from rlhfkit.iterated.judges import load_judge
+from rlhfkit.iterated.models import VALUE_DIR, copy_model, pair_accuracy, sample_pairs, save_value_model
 from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.training.runtime import pick_device
 
@@ -253,7 +253,7 @@ class Iteration:
         self.out.mkdir(parents=True, exist_ok=True)
         human = None
         if judge == HUMAN:
-            from rlhfkit.iterate.human import HumanJudge
+            from rlhfkit.iterated.human import HumanJudge
 
             names = [n.strip() for n in it.annotators.split(",") if n.strip()]
             human = HumanJudge(self.out, names, it.labels_per_item, c.serve.host, c.serve.port, it.poll_seconds)

@@ -41,7 +41,9 @@ class Judge:
             answers = answers.tolist()
         if not isinstance(answers, (list, tuple)) or len(answers) != len(pairs):
             got = f"{len(answers)} answers" if isinstance(answers, (list, tuple)) else type(answers).__name__
-            raise UserError(f"{option('judge', self.spec)} returned {got} for {len(pairs)} pairs; expected a list of ints")
+            raise UserError(
+                f"{option('judge', self.spec)} returned {got} for {len(pairs)} pairs; expected a list of ints"
+            )
         for i, answer in enumerate(answers):
             if isinstance(answer, bool) or answer not in ANSWERS:
                 raise UserError(

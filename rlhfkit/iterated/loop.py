@@ -11,6 +11,7 @@ folders:
     OUT/round-K/ppo/           the policy after round K (value/: its value model)
     OUT/round-K/round.json     the round's record (written last: the round is done)
     OUT/final/                 the last policy
+    OUT/config.yaml            this run's options (`rlhfkit iterate --config OUT/config.yaml` repeats it)
     OUT/summary.json           per round: labels, the old reward model's accuracy on the new pairs, reward, KL,
                                gold (with --gold-judge); totals
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from rlhfkit.config.commands import RMConfig
 from rlhfkit.config.iterate import HUMAN, IterateConfig
 from rlhfkit.config.online import PPOConfig
+from rlhfkit.config.parse import save_config
 from rlhfkit.config.parts import DataArgs, ModelArgs, OptimArgs, RunArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
@@ -251,6 +253,7 @@ class Iteration:
                 f"give a new {option('output_dir')}"
             )
         self.out.mkdir(parents=True, exist_ok=True)
+        save_config(c, self.out)
         human = None
         if judge == HUMAN:
             from rlhfkit.iterated.human import HumanJudge

@@ -54,13 +54,13 @@ COMMANDS: dict[str, Command] = {
         "rlhfkit.trainers.online:train",
         "RLOO: several completions per prompt, leave-one-out baseline, no critic (Python reward functions)",
     ),
+    "dpo": Command(
+        c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"
+    ),
     "iterate": Command(
         IterateConfig,
         "rlhfkit.iterated:run",
         "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
-    ),
-    "dpo": Command(
-        c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"
     ),
     "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
     "score": Command(

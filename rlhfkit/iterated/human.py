@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from rlhfkit.config.pages import LabelArgs, LabelConfig
-from rlhfkit.errors import UserError
+from rlhfkit.errors import UserError, option
 from rlhfkit.labelling.app import DEFAULT_ANNOTATOR, LabelApp, open_store
 from rlhfkit.labelling.export import export
 from rlhfkit.labelling.store import Store
@@ -51,8 +51,8 @@ class HumanJudge:
         self.names = names or [DEFAULT_ANNOTATOR]
         if not is_loopback(host) and self.names == [DEFAULT_ANNOTATOR]:
             raise UserError(
-                f"--host {host} makes the page reachable from other machines: name the annotators (--annotators "
-                "a,b) so that each gets a private link"
+                f"{option('host', host)} makes the page reachable from other machines: name the annotators "
+                f"({option('annotators', 'a,b')}) so that each gets a private link"
             )
         self.host, self.port = host, port
         self.tokens: dict[str, str] = {}

@@ -139,7 +139,9 @@ class Iteration:
             it = self.cfg.iterate
             steps = it.rm_initial_steps or it.rm_steps
             if steps == 0:
-                raise UserError(f"{option('rm_steps')} or {option('rm_initial_steps')} must be > 0 to train on --prefs")
+                raise UserError(
+                    f"{option('rm_steps')} or {option('rm_initial_steps')} must be > 0 to train on {option('prefs')}"
+                )
             rm_cfg = self._rm_config(self.sft, it.prefs, out, steps, self.cfg.run.seed, self.cfg.rm_reward.ensemble)
             rm_cfg.check()
             _execute("rm", rm_cfg)

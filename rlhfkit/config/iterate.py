@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from rlhfkit.config.checks import at_least, positive
@@ -45,6 +46,8 @@ class IterateArgs:
     every round (default: one annotator named 'annotator')."""
     labels_per_item: int = 1
     """With --judge human: different annotators who label each pair (several: a majority vote decides)."""
+    guidelines: str = ""
+    """With --judge human: Markdown file of labelling guidelines, one click away on the page."""
     poll_seconds: float = 5.0
     """With --judge human: how often a waiting round checks for new labels."""
 
@@ -90,5 +93,7 @@ class IterateConfig(PPOConfig):
             )
         if it.judge != HUMAN and ":" not in it.judge:
             raise UserError(f"{option('judge', it.judge)}: give FILE.py:NAME or 'human'")
+        if it.guidelines and not Path(it.guidelines).is_file():
+            raise UserError(f"{it.guidelines}: {option('guidelines')} file does not exist")
         if not 0 <= self.serve.port <= 65535:
             raise UserError(f"{option('port')} must be in 0..65535, got {self.serve.port}")

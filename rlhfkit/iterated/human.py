@@ -46,8 +46,17 @@ def round_finished(store: Store, annotators: list[str], min_labels: int) -> bool
 class HumanJudge:
     """The labelling page of a run, and the rounds' stores behind it."""
 
-    def __init__(self, out: Path, names: list[str], labels_per_item: int, host: str, port: int, poll: float):
-        self.out, self.labels_per_item, self.poll = out, labels_per_item, poll
+    def __init__(
+        self,
+        out: Path,
+        names: list[str],
+        labels_per_item: int,
+        host: str,
+        port: int,
+        poll: float,
+        guidelines: str = "",
+    ):
+        self.out, self.labels_per_item, self.poll, self.guidelines = out, labels_per_item, poll, guidelines
         self.names = names or [DEFAULT_ANNOTATOR]
         if not is_loopback(host) and self.names == [DEFAULT_ANNOTATOR]:
             raise UserError(
@@ -75,7 +84,7 @@ class HumanJudge:
 
     def _serve(self, store: Store) -> None:
         if self.app is None:
-            self.app = LabelApp(store)
+            self.app = LabelApp(store, self.guidelines)
             self.server = Server(self.app.app, self.host, self.port).start()
             for name in self.names:
                 print(f"  {name}: {self.server.url(f'/a/{self.tokens[name]}')}", flush=True)

@@ -261,7 +261,9 @@ class Iteration:
             from rlhfkit.iterated.human import HumanJudge
 
             names = [n.strip() for n in it.annotators.split(",") if n.strip()]
-            human = HumanJudge(self.out, names, it.labels_per_item, c.serve.host, c.serve.port, it.poll_seconds)
+            human = HumanJudge(
+                self.out, names, it.labels_per_item, c.serve.host, c.serve.port, it.poll_seconds, it.guidelines
+            )
         try:
             return self._rounds(examples, judge, human)
         finally:

@@ -19,10 +19,10 @@ HUMAN = "human"
 @dataclass
 class IterateArgs:
     judge: str = ""
-    """Who labels each round's pairs: FILE.py:NAME, a function prefer(prompts, completions, **kwargs) ->
-    list[int] where completions[i] is the pair [a, b] and the answer 0 (a is better), 1 (b is better) or -1 (no
-    preference: the pair is dropped); or 'human': the pairs go to a labelling page (as `rlhfkit label`'s) and
-    the round waits for the labels."""
+    """Who labels each round's pairs: FILE.py:NAME (in Python also the function itself), a function
+    prefer(prompts, completions, **kwargs) -> list[int] where completions[i] is the pair [a, b] and the answer
+    0 (a is better), 1 (b is better) or -1 (no preference: the pair is dropped); or 'human': the pairs go to a
+    labelling page (as `rlhfkit label`'s) and the round waits for the labels."""
     prefs: str = ""
     """Preference pairs (prompt, chosen, rejected) to train the first reward model on (from --model) when no
     --reward-model is given; kept in every round's reward-model data."""
@@ -91,7 +91,7 @@ class IterateConfig(PPOConfig):
                 f"give {option('reward_model')} (the reward model to start from) or {option('prefs')} (pairs to "
                 "train it on first)"
             )
-        if it.judge != HUMAN and ":" not in it.judge:
+        if not callable(it.judge) and it.judge != HUMAN and ":" not in it.judge:
             raise UserError(f"{option('judge', it.judge)}: give FILE.py:NAME or 'human'")
         if it.guidelines and not Path(it.guidelines).is_file():
             raise UserError(f"{it.guidelines}: {option('guidelines')} file does not exist")

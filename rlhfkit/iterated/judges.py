@@ -65,10 +65,17 @@ def _accepted(fn: Callable, columns: dict[str, list]) -> dict[str, list]:
     return {k: v for k, v in columns.items() if k in names}
 
 
-def load_judge(spec: str) -> Judge:
-    """The function ``FILE.py:NAME``, imported from its file and checked to take ``(prompts, completions)``."""
+def load_judge(spec) -> Judge:
+    """The judge ``spec`` names: a function in a Python file, ``FILE.py:NAME``, or (through the Python API) a
+    callable; checked to take ``(prompts, completions)``."""
+    if callable(spec):
+        name = getattr(spec, "__name__", type(spec).__name__)
+        return _checked(spec, name, f"<python function {name}>")
     path, name = split_spec("judge", spec)
-    fn = load_object("judge", spec, path, name)
+    return _checked(load_object("judge", spec, path, name), name, spec)
+
+
+def _checked(fn: Callable, name: str, spec: str) -> Judge:
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -245,7 +245,7 @@ class Iteration:
     def run(self) -> dict:
         c, it = self.cfg, self.cfg.iterate
         examples = load_examples(c.data.data, "prompt", COMMAND)
-        judge = load_judge(it.judge) if it.judge != HUMAN else HUMAN
+        judge = HUMAN if it.judge == HUMAN else load_judge(it.judge)
         if it.prefs:
             load_examples(it.prefs, "preference", COMMAND)  # every row checked before anything is trained
         started = [p for p in self.out.glob("round-*") if p.is_dir()] if self.out.is_dir() else []

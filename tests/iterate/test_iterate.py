@@ -157,3 +157,31 @@ def test_options_are_checked(iterate_task, tmp_path):
         rlhfkit.iterate(**base, judge="judge.py", prefs=t["prefs"])
     with pytest.raises(UserError, match="rounds must be > 0"):
         rlhfkit.iterate(**base, judge=t["judge"], prefs=t["prefs"], rounds=0)
+
+
+def test_the_python_api_takes_the_judge_as_a_function(two_rounds, iterate_task, tmp_path):
+    calls = []
+
+    def prefer_first(prompts, completions):
+        calls.append(len(completions))
+        return [0] * len(completions)
+
+    t = iterate_task
+    out = tmp_path / "out"
+    flags = {**SMALL, "pairs_per_round": 8, "max_steps": 1, "rm_steps": 1}
+    rlhfkit.iterate(
+        model=t["sft"], reward_model=str(two_rounds / "round-0" / "rm"), data=t["prompts"], output_dir=str(out),
+        judge=prefer_first, rounds=1, **flags,
+    )  # fmt: skip
+    pairs = read_jsonl(out / "round-1" / "pairs.jsonl")
+    assert calls and len(pairs) == calls[0]
+    candidates = {
+        (r["prompt"], r["responses"][0]): r["responses"][1] for r in read_jsonl(out / "round-1" / "candidates.jsonl")
+    }
+    assert all(candidates[(p["prompt"], p["chosen"])] == p["rejected"] for p in pairs)  # the first reply won
+    assert "<python function" in (out / "config.yaml").read_text()
+    with pytest.raises(UserError, match="must take"):
+        rlhfkit.iterate(
+            model=t["sft"], reward_model=str(two_rounds / "round-0" / "rm"), data=t["prompts"],
+            output_dir=str(tmp_path / "bad"), judge=lambda prompts: [], rounds=1, **flags,
+        )  # fmt: skip

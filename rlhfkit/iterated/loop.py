@@ -199,15 +199,27 @@ class Iteration:
         _write_jsonl(path, rows)
         return rows
 
-    def judge_pairs(self, judge, round_dir: Path, rows: list[dict]) -> tuple[list[dict], dict]:
-        """The round's preference rows and counts: from the judge function, or from people on the page."""
-        path = round_dir / "pairs.jsonl"
+    def labels(self, round_dir: Path, rows: list[dict], judge, human) -> tuple[list[dict], dict]:
+        """The round's preference rows (``pairs.jsonl``) and counts (``labels.json``), from the judge function or
+        from people on the page; read back when the round was labelled before a restart."""
+        path, counts_path = round_dir / "pairs.jsonl", round_dir / "labels.json"
         if path.is_file():
-            prefs = _read_jsonl(path)
-            return prefs, json.loads((round_dir / "labels.json").read_text(encoding="utf-8"))
+            return _read_jsonl(path), json.loads(counts_path.read_text(encoding="utf-8"))
+        if human is not None:
+            to_label = round_dir / "to_label.jsonl"
+            if not to_label.is_file():
+                _write_jsonl(to_label, [r for r in rows if usable(r)])
+            prefs = human.label(round_dir, to_label, self.cfg.iterate.min_labels)
+            counts = {"pairs": len(rows), "unusable": sum(not usable(r) for r in rows)}
+        else:
+            prefs, counts = self.judge_pairs(judge, rows)
+        _write_json(counts_path, counts)
+        _write_jsonl(path, prefs)  # last: its presence means the round is labelled
+        return prefs, counts
+
+    def judge_pairs(self, judge, rows: list[dict]) -> tuple[list[dict], dict]:
+        """The judge function's preference rows over the usable pairs, and the counts of what was dropped."""
         distinct = [r for r in rows if usable(r)]
-        if judge == HUMAN:
-            raise AssertionError("human labels are collected by HumanJudge")
         columns = {k: [r.get(k) for r in distinct] for k in dict.fromkeys(k for r in distinct for k in r)}
         for k in ("prompt", "responses"):
             columns.pop(k, None)
@@ -276,10 +288,7 @@ class Iteration:
         first_rm = reward_model
         policy = self.sft
         value_model = c.critic.value_model or reward_model  # the value model starts from the reward model
-        offline = [
-            {k: r.data[k] for k in ("prompt", "chosen", "rejected", "margin") if k in r.data}
-            for r in _prefs_rows(it.prefs)
-        ]
+        offline = [_preference_row(ex) for ex in load_examples(it.prefs, "preference", COMMAND)] if it.prefs else []
         collected: list[dict] = []
         records: list[dict] = []
         for k in range(1, it.rounds + 1):
@@ -294,21 +303,9 @@ class Iteration:
                 value_model = str(ppo_dir / VALUE_DIR) if (ppo_dir / VALUE_DIR).is_dir() else value_model
                 continue
             start = time.perf_counter()
-            # 1-2. pairs from the current policy, judged
+            # 1-2. pairs from the current policy, judged (once: a restart reads the labels back)
             rows = self.candidates(round_dir, policy, examples, k)
-            if human is not None and not (round_dir / "pairs.jsonl").is_file():
-                to_label = round_dir / "to_label.jsonl"
-                if not to_label.is_file():
-                    _write_jsonl(to_label, [r for r in rows if usable(r)])
-                prefs = human.label(round_dir, to_label, it.min_labels)
-                counts = {"pairs": len(rows), "unusable": sum(not usable(r) for r in rows)}
-                _write_json(round_dir / "labels.json", counts)
-                _write_jsonl(round_dir / "pairs.jsonl", prefs)
-            else:
-                prefs, counts = self.judge_pairs(judge, round_dir, rows)
-                if not (round_dir / "pairs.jsonl").is_file():
-                    _write_json(round_dir / "labels.json", counts)
-                    _write_jsonl(round_dir / "pairs.jsonl", prefs)
+            prefs, counts = self.labels(round_dir, rows, judge, human)
             # 3. how well the reward model so far predicts the labels of the policy's own replies
             accuracy = pair_accuracy(reward_model, prefs, self.device, self.trust, c.packing.pack_sequences)
             shown = "-" if accuracy is None else f"{accuracy:.3f}"
@@ -329,7 +326,7 @@ class Iteration:
             record = {
                 "round": k,
                 "labels": len(prefs),
-                **{key: v for key, v in counts.items() if key != "labelled"},
+                **counts,
                 "rm_accuracy_new_pairs": accuracy,
                 "rm_accuracy_new_pairs_after_update": after,
                 "rm_pairs": len(offline) + len(collected),
@@ -352,10 +349,10 @@ class Iteration:
         return summary
 
 
-def _prefs_rows(path: str) -> list:
-    from rlhfkit.data.readers import read_rows
-
-    return list(read_rows(path)) if path else []
+def _preference_row(ex) -> dict:
+    """A preference example as the row `rlhfkit rm` reads (whatever format the file gave it in)."""
+    row = {"prompt": ex.prompt, "chosen": ex.chosen, "rejected": ex.rejected}
+    return {**row, "margin": ex.margin} if ex.margin is not None else row
 
 
 def _summary(records: list[dict], first_rm: str) -> dict:

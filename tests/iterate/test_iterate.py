@@ -185,3 +185,19 @@ def test_the_python_api_takes_the_judge_as_a_function(two_rounds, iterate_task, 
             model=t["sft"], reward_model=str(two_rounds / "round-0" / "rm"), data=t["prompts"],
             output_dir=str(tmp_path / "bad"), judge=lambda prompts: [], rounds=1, **flags,
         )  # fmt: skip
+
+
+def test_an_ensemble_continues_member_by_member(iterate_task, tmp_path):
+    t = iterate_task
+    out = tmp_path / "out"
+    flags = {**SMALL, "pairs_per_round": 8, "max_steps": 1, "rm_steps": 2, "rm_initial_steps": 2}
+    rlhfkit.iterate(
+        model=t["sft"], prefs=t["prefs"], data=t["prompts"], output_dir=str(out), judge=t["judge"], rounds=1,
+        ensemble=2, ensemble_mode="worst-case", **flags,
+    )  # fmt: skip
+    info = json.loads((out / "round-1" / "rm" / "ensemble.json").read_text())
+    assert info["members"] == [".", "member-1"]
+    member = yaml.safe_load((out / "round-1" / "rm" / "member-1" / "config.yaml").read_text())
+    assert member["model"] == str(out / "round-0" / "rm" / "member-1")  # each member from its own weights
+    ppo = yaml.safe_load((out / "round-1" / "ppo" / "config.yaml").read_text())
+    assert ppo["reward_model"] == str(out / "round-1" / "rm") and ppo["ensemble_mode"] == "worst-case"

@@ -240,6 +240,16 @@ def merge(config=None, /, **options: Any) -> Result:
     return Result(Path(resolved["output_dir"]))
 
 
+def iterate(config=None, /, **options: Any) -> Result:
+    """Iterated RLHF (``rlhfkit iterate``): ``model`` (the SFT model), ``data`` (prompts), ``output_dir``,
+    ``judge`` (``"FILE.py:NAME"`` or ``"human"``) and ``reward_model`` or ``prefs`` required; e.g. ``rounds``,
+    ``pairs_per_round``, ``rm_steps``, ``max_steps`` (PPO steps per round) and every option of ``ppo``.
+    ``metrics`` is the run's summary (per round: labels, the old reward model's accuracy on the new pairs,
+    reward, KL, gold)."""
+    summary, resolved = _run("iterate", config, **options)
+    return Result(Path(resolved["output_dir"]), dict(summary))
+
+
 def init_model(config=None, /, **options: Any) -> Result:
     """A small random causal LM and a BPE tokenizer trained on ``corpus`` (``rlhfkit init-model``)."""
     _, resolved = _run("init-model", config, **options)

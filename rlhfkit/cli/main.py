@@ -18,6 +18,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 from rlhfkit.config import commands as c
+from rlhfkit.config.iterate import IterateConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import Preempted, UserError
 
@@ -61,6 +62,11 @@ COMMANDS: dict[str, Command] = {
         c.MergeConfig,
         "rlhfkit.models.merge:run",
         "merge a LoRA adapter into its base model -> a full model folder (as a run with --save-merged writes)",
+    ),
+    "iterate": Command(
+        IterateConfig,
+        "rlhfkit.iterated:run",
+        "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
     ),
     "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
     "score": Command(

@@ -16,6 +16,7 @@ from rlhfkit.config.commands import (
     SFTConfig,
     ViewConfig,
 )
+from rlhfkit.config.iterate import IterateConfig
 
 __all__ = [
     "DPOConfig",
@@ -24,6 +25,7 @@ __all__ = [
     "GRPOConfig",
     "GenerateConfig",
     "InitModelConfig",
+    "IterateConfig",
     "LabelConfig",
     "MergeConfig",
     "PPOConfig",

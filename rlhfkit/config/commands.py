@@ -62,7 +62,7 @@ class RewardArgs:
     """Train K reward models with seeds seed..seed+K-1 (OUT = member 0, OUT/member-i); scores are their mean
     (and std)."""
     conservative_k: float = 1.0
-    """Ensemble conservative score = mean - conservative_k x std."""
+    """k of the ensemble's conservative score mean - k x std (what `ppo --ensemble-mode uncertainty` optimises)."""
 
 
 @dataclass

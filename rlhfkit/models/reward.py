@@ -146,10 +146,12 @@ class ScoreOutput:
 
     mean: [B] ensemble mean (for a single model, its score)
     std:  [B] standard deviation across ensemble members (unbiased); None for a single model
+    members: [K, B] each member's scores; None for a single model
     """
 
     mean: torch.Tensor
     std: torch.Tensor | None = None
+    members: torch.Tensor | None = None
 
     def conservative(self, k: float) -> torch.Tensor:
         """``[B]`` mean − k·std, a pessimistic score where members disagree (the mean for one model)."""
@@ -253,4 +255,4 @@ class RewardScorer:
         scores = self.member_scores(prompts, responses, batch_size, finished)
         if not self.is_ensemble:
             return ScoreOutput(scores[0])
-        return ScoreOutput(scores.mean(dim=0), scores.std(dim=0))
+        return ScoreOutput(scores.mean(dim=0), scores.std(dim=0), scores)

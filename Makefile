@@ -46,9 +46,11 @@ browser:
 			|| echo "could not install chromium: the browser tests will be skipped"; \
 	else echo "no chromium/chromedriver and no root apt to install them: the browser tests will be skipped"; fi
 
-# -rs lists why tests were skipped (no browser, for instance)
+# -rs lists why tests were skipped (no browser, for instance). The suite runs on the CPU; with RLHFKIT_TEST_GPU=1 on
+# a machine with a CUDA device, the equivalence tests (--accel auto against off) then run again on the GPU.
 test: install browser
-	$(BIN)/python -m pytest -n 2 -rs tests
+	env -u RLHFKIT_TEST_GPU $(BIN)/python -m pytest -n 2 -rs tests
+	$(if $(filter 1 true yes,$(RLHFKIT_TEST_GPU)),PYTHON=$(BIN)/python sh bench/gpu_check.sh)
 
 # The vLLM tier (tests/vllm: --use-vllm's engine against rlhfkit's own sampler) in its own .venv-vllm, as vLLM
 # pins its own torch and transformers: the main .venv stays without it. torch is installed at the pin and asked

@@ -136,6 +136,7 @@ def _build_and_execute(command: str, config: Any = None, /, **options: Any) -> t
                 setattr(base, f.name, dataclasses.replace(part))
     given = flat_dict(base) if base is not None else {}
     inputs_dir = _inputs_dir({**given, **{k: v for k, v in options.items() if k in ("output_dir", "output")}})
+    _check_output_dir(spec.config, {**given, **options})  # before in-memory rows are written into it
     if base is not None:  # in-memory rows set on a config object
         in_memory = {k: v for k, v in given.items() if k in IN_MEMORY_OPTIONS and isinstance(v, (list, tuple))}
         for name, value in _materialise(in_memory, inputs_dir).items():
@@ -144,6 +145,24 @@ def _build_and_execute(command: str, config: Any = None, /, **options: Any) -> t
     values = {key: (value, f"{prog}: {key}") for key, value in options.items()}
     resolved = build_config(prog, spec.config, values, base)
     return execute(command, resolved), flat_dict(resolved)
+
+
+def _check_output_dir(config_cls: type, options: dict[str, Any]) -> None:
+    """Stop before writing in-memory rows into ``output_dir`` when it holds another run (as the command would)."""
+    from types import SimpleNamespace
+
+    from rlhfkit.cli.main import launched_world
+    from rlhfkit.training.session import check_output_dir
+
+    # under a launcher the processes check together when the session opens (one may already have written)
+    if not hasattr(config_cls(), "run") or not options.get("output_dir") or launched_world() > 1:
+        return
+    run = SimpleNamespace(
+        output_dir=str(options["output_dir"]),
+        resume=bool(options.get("resume")),
+        overwrite_output_dir=bool(options.get("overwrite_output_dir")),
+    )
+    check_output_dir(run)
 
 
 def _train(command: str, config: Any, options: dict[str, Any]) -> Result:
@@ -211,6 +230,24 @@ def dpo(config=None, /, **options: Any) -> Result:
     """Direct preference optimisation (``rlhfkit dpo``): ``model``, ``data`` (preference pairs), ``output_dir``
     required; e.g. ``beta``, ``loss_type``, ``label_smoothing``."""
     return _train("dpo", config, options)
+
+
+def merge(config=None, /, **options: Any) -> Result:
+    """A LoRA adapter merged into its base model (``rlhfkit merge``): ``adapter`` (e.g. a run's ``output_dir``
+    written with ``save_merged=False``) and ``output_dir`` required; ``model`` the base when the adapter's
+    config does not name one that exists here."""
+    _, resolved = _run("merge", config, **options)
+    return Result(Path(resolved["output_dir"]))
+
+
+def iterate(config=None, /, **options: Any) -> Result:
+    """Iterated RLHF (``rlhfkit iterate``): ``model`` (the SFT model), ``data`` (prompts), ``output_dir``,
+    ``judge`` (``"FILE.py:NAME"`` or ``"human"``) and ``reward_model`` or ``prefs`` required; e.g. ``rounds``,
+    ``pairs_per_round``, ``rm_steps``, ``max_steps`` (PPO steps per round) and every option of ``ppo``.
+    ``metrics`` is the run's summary (per round: labels, the old reward model's accuracy on the new pairs,
+    reward, KL, gold)."""
+    summary, resolved = _run("iterate", config, **options)
+    return Result(Path(resolved["output_dir"]), dict(summary))
 
 
 def init_model(config=None, /, **options: Any) -> Result:

@@ -14,6 +14,7 @@ bounded set of shapes.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
@@ -129,17 +130,26 @@ def _read_decisions() -> dict[str, bool]:
         return {}
 
 
-def _write_decision(key: str, faster: bool) -> None:
-    """Add one verdict to the file (written to a temporary name, then renamed); a read-only home is fine."""
+def _write_decision(key: str, faster: bool) -> bool:
+    """Add one verdict to the file unless another process wrote one for ``key`` first, and return the verdict
+    on file: every process then takes the same kernels for a shape (a resumed run computes what the run it
+    continues computed). Read and rewritten under a lock, so concurrent writers lose no verdict; a read-only
+    home is fine."""
     path = decisions_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**_read_decisions(), key: faster}
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        with open(path.with_name(f"{path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = _read_decisions()
+            if key in data:
+                return data[key]
+            data[key] = faster
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, path)
     except OSError:
         pass
+    return faster
 
 
 def _time_shape(in_features: int, out_features: int, rows: int) -> bool:
@@ -168,8 +178,7 @@ def onednn_faster(in_features: int, out_features: int) -> bool:
         elif (known := _read_decisions().get(name)) is not None:
             _FASTER[key] = known
         else:
-            _FASTER[key] = _time_shape(in_features, out_features, rows)
-            _write_decision(name, _FASTER[key])
+            _FASTER[key] = _write_decision(name, _time_shape(in_features, out_features, rows))
     return _FASTER[key]
 
 

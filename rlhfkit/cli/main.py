@@ -14,9 +14,11 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from rlhfkit.config import commands as c
+from rlhfkit.config.iterate import IterateConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import Preempted, UserError
 
@@ -55,6 +57,16 @@ COMMANDS: dict[str, Command] = {
     ),
     "dpo": Command(
         c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"
+    ),
+    "merge": Command(
+        c.MergeConfig,
+        "rlhfkit.models.merge:run",
+        "merge a LoRA adapter into its base model -> a full model folder (as a run with --save-merged writes)",
+    ),
+    "iterate": Command(
+        IterateConfig,
+        "rlhfkit.iterated:run",
+        "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
     ),
     "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
     "score": Command(
@@ -109,19 +121,31 @@ def version() -> str:
 
 
 def execute(name: str, config):
-    """Run command ``name`` on a parsed config under its ``--accel`` mode; returns what the command returns. The
-    SIGTERM/SIGINT handlers a training session installs are put back as they were, however the command ends."""
+    """Run command ``name`` on a parsed config under its ``--accel`` mode and on its ``--threads`` CPU threads;
+    returns what the command returns. The SIGTERM/SIGINT handlers a training session installs, and torch's thread
+    count, are put back as they were, however the command ends."""
     from rlhfkit.accel import switched
     from rlhfkit.config.parse import flat_dict
+    from rlhfkit.training.runtime import cpu_threads
 
     module, func = COMMANDS[name].target.split(":")
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     options = flat_dict(config)
+    run = getattr(config, "run", None)
+    if run is not None and launched_world() == 1:  # before any model loads (a launcher's processes check later)
+        from rlhfkit.training.session import check_output_dir
+
+        check_output_dir(run)
+    # a command that runs no model (label, view, init-model) has no --accel
+    accel = switched(options["accel"], cpu=bool(options.get("cpu", False))) if "accel" in options else nullcontext()
     try:
-        if "accel" not in options:  # a command that runs no model (label, view, init-model)
+        with accel, cpu_threads(options.get("threads") or 0):
             return getattr(importlib.import_module(module), func)(config)
-        with switched(options["accel"], cpu=bool(options.get("cpu", False))):  # what rlhfkit.accel.enabled() says
-            return getattr(importlib.import_module(module), func)(config)
+    except BaseException:
+        from rlhfkit.training.logger import close_progress_bars
+
+        close_progress_bars()  # before the caller prints the error
+        raise
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():

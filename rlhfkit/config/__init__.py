@@ -8,6 +8,7 @@ from rlhfkit.config.commands import (
     GRPOConfig,
     InitModelConfig,
     LabelConfig,
+    MergeConfig,
     PPOConfig,
     RLOOConfig,
     RMConfig,
@@ -15,6 +16,7 @@ from rlhfkit.config.commands import (
     SFTConfig,
     ViewConfig,
 )
+from rlhfkit.config.iterate import IterateConfig
 
 __all__ = [
     "DPOConfig",
@@ -23,7 +25,9 @@ __all__ = [
     "GRPOConfig",
     "GenerateConfig",
     "InitModelConfig",
+    "IterateConfig",
     "LabelConfig",
+    "MergeConfig",
     "PPOConfig",
     "RLOOConfig",
     "RMConfig",

@@ -36,7 +36,13 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
         max_grad_norm=optim.max_grad_norm,
         eval_steps=run.eval_steps,
         save_steps=run.save_steps,
+        threads=run.threads,
     )
+    if run.resume and run.overwrite_output_dir:
+        raise UserError(
+            f"{option('resume', True)} continues the run in {option('output_dir')}; "
+            f"{option('overwrite_output_dir', True)} empties it first: give one"
+        )
     if optim.max_steps == 0 or optim.max_steps < -1:
         raise UserError(f"{option('max_steps')} must be > 0 or -1, got {optim.max_steps}")
     if lora is not None:

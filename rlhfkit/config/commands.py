@@ -34,9 +34,10 @@ class InitModelConfig:
     vocab_size: int = 0
     """BPE vocabulary size; 0 uses the size's default (1024 tiny, 4096 small)."""
     seed: int = options.seed()
+    threads: int = options.threads()
 
     def check(self) -> None:
-        at_least(0, vocab_size=self.vocab_size)
+        at_least(0, vocab_size=self.vocab_size, threads=self.threads)
 
 
 @dataclass
@@ -61,13 +62,14 @@ class RewardArgs:
     """Train K reward models with seeds seed..seed+K-1 (OUT = member 0, OUT/member-i); scores are their mean
     (and std)."""
     conservative_k: float = 1.0
-    """Ensemble conservative score = mean - conservative_k x std."""
+    """k of the ensemble's conservative score mean - k x std (what `ppo --ensemble-mode uncertainty` optimises)."""
 
 
 @dataclass
 class RMConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output_dir")
     model: ModelArgs = field(default_factory=ModelArgs)
+    lora: LoraArgs = field(default_factory=LoraArgs)
     data: DataArgs = field(default_factory=DataArgs)
     reward: RewardArgs = field(default_factory=RewardArgs)
     optim: OptimArgs = field(default_factory=OptimArgs)
@@ -75,7 +77,7 @@ class RMConfig:
     run: RunArgs = field(default_factory=RunArgs)
 
     def check(self) -> None:
-        check_training(self.optim, self.run)
+        check_training(self.optim, self.run, self.lora)
         positive(ensemble=self.reward.ensemble)
         at_least(0, center_coef=self.reward.center_coef, conservative_k=self.reward.conservative_k)
 
@@ -88,6 +90,10 @@ class DPOArgs:
     """sigmoid: DPO (Rafailov et al. 2023); ipo: squared loss (Azar et al. 2023)."""
     label_smoothing: float = 0.0
     """Conservative DPO: assumed probability that a preference label is flipped (sigmoid loss only)."""
+    ref_model: str = ""
+    """The reference of the DPO loss: a causal LM folder or .gguf file with the policy's tokenizer (e.g. the SFT
+    model when --model starts elsewhere); empty: the starting policy (with LoRA: its backbone with the adapters
+    off)."""
     precompute_ref: bool = False
     """Compute each training pair's reference log-probs once and look them up after: with full fine-tuning all
     before training (the reference copy is then freed), with LoRA each the first time its pair is drawn."""
@@ -122,6 +128,7 @@ class IOArgs:
     batch_size: int = options.batch_size(16)
     seed: int = options.seed()
     cpu: bool = options.cpu()
+    threads: int = options.threads()
     max_prompt_length: int = options.max_prompt_length()
     dist_timeout: int = options.dist_timeout()
     accel: Literal["auto", "off"] = options.accel()
@@ -129,6 +136,7 @@ class IOArgs:
 
 def _check_sampling(io: IOArgs, generation: GenerationArgs) -> None:
     positive(batch_size=io.batch_size, temperature=generation.temperature, max_new_tokens=generation.max_new_tokens)
+    at_least(0, threads=io.threads)
 
 
 @dataclass
@@ -166,6 +174,7 @@ class ScoreConfig:
 
     def check(self) -> None:
         positive(batch_size=self.io.batch_size)
+        at_least(0, threads=self.io.threads)
 
 
 @dataclass
@@ -194,6 +203,24 @@ class EvalConfig:
 
 
 @dataclass
+class MergeConfig:
+    REQUIRED: ClassVar[tuple[str, ...]] = ("adapter", "output_dir")
+    adapter: str = ""
+    """A LoRA adapter folder (adapter_config.json + adapter_model.safetensors), e.g. a run's OUT with
+    --save-merged false, or OUT/adapter of any LoRA run."""
+    output_dir: str = ""
+    """Where the merged model (Hugging Face format, loadable by every command) and its tokenizer go; the
+    adapter is kept under OUT/adapter/ as after training."""
+    model: str = ""
+    """The base model the adapter was trained on; empty: the folder the adapter's adapter_config.json names."""
+    trust_remote_code: bool = options.trust_remote_code()
+    threads: int = options.threads()
+
+    def check(self) -> None:
+        at_least(0, threads=self.threads)
+
+
+@dataclass
 class DemoConfig:
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     output_dir: str = "runs/demo"
@@ -217,5 +244,9 @@ class DemoConfig:
     progress: bool = True
     """Show progress bars of the stages."""
     threads: int = 1
-    """torch CPU threads; a tiny model runs fastest on one (more threads only add synchronisation)."""
+    """torch CPU threads of every stage; a tiny model runs fastest on one (more threads only add
+    synchronisation); 0: torch's default, one per core."""
     accel: Literal["auto", "off"] = options.accel()
+
+    def check(self) -> None:
+        at_least(0, threads=self.threads)

@@ -40,6 +40,7 @@ def _policy_loss_names() -> tuple[str, ...]:
 
 Estimator = Annotated[str, Choices(estimator_names)]
 PolicyLoss = Annotated[str, Choices(_policy_loss_names)]
+ENSEMBLE_MODE_ALIASES = {"conservative": "uncertainty"}  # --ensemble-mode names kept for earlier configs
 LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
@@ -60,8 +61,10 @@ class OnlineRewardArgs:
     """Standardise reward-model scores with the mean/std saved beside the reward model."""
     reward_clip: float | None = 10.0
     """Clip the (normalised, weighted) reward to +- this; none disables."""
-    ensemble_mode: Literal["mean", "conservative"] = "mean"
-    """For an ensemble reward model: use the mean score, or mean - k x std."""
+    ensemble_mode: Literal["mean", "worst-case", "uncertainty", "conservative"] = "mean"
+    """The reward PPO gets from a reward-model ensemble (Coste et al. 2023): mean (the members' mean),
+    worst-case (the lowest member's score), uncertainty (mean - k x std, k the ensemble's --conservative-k);
+    conservative is another name of uncertainty."""
     missing_eos_penalty: float | None = None
     """Subtract this from the reward of completions that never emit EOS; none disables."""
 
@@ -111,6 +114,9 @@ class KLArgs:
     backbone with its adapters off)."""
     ref_update_steps: int = 0
     """Copy the policy into the reference every N steps (0: never)."""
+    ref_ema: float = 0.0
+    """alpha of an EMA reference (Xu et al. 2024): after each step ref <- (1 - alpha) x ref + alpha x policy
+    (0: the reference stays as it started). Needs full fine-tuning."""
     log_ref_kl: bool = False
     """With beta = 0, still load the reference to log kl/ref (the drift from the start); off: no reference."""
 
@@ -139,7 +145,8 @@ class AdvantageArgs:
 @dataclass
 class CriticArgs:
     value_model: str = ""
-    """Separate value model directory (e.g. the reward model, as InstructGPT); empty: a value head on the policy."""
+    """Separate value model directory (e.g. the reward model, as InstructGPT); empty: a value head on the policy.
+    With --lora-r its backbone gets adapters too (its score head trains in full)."""
     vf_coef: float = 0.1
     """c1: weight of the value loss."""
     value_clip: float | None = 0.2
@@ -245,7 +252,7 @@ class OnlineConfig:
     def needs_reference(self) -> bool:
         """Whether a frozen reference is needed: for a KL term, a reference refresh, or logging the KL."""
         k = self.kl
-        return k.kl_coef > 0 or k.kl_loss_coef > 0 or k.ref_update_steps > 0 or k.log_ref_kl
+        return k.kl_coef > 0 or k.kl_loss_coef > 0 or k.ref_update_steps > 0 or k.ref_ema > 0 or k.log_ref_kl
 
     def check(self) -> None:
         check_training(self.optim, self.run, self.lora)
@@ -297,6 +304,10 @@ class OnlineConfig:
             raise UserError(
                 f"{option('ref_update_steps')} needs full fine-tuning: with LoRA the reference is the base weights"
             )
+        if not 0 <= k.ref_ema <= 1:
+            raise UserError(f"{option('ref_ema')} must be in [0, 1], got {k.ref_ema}")
+        if k.ref_ema and self.lora.lora_r:
+            raise UserError(f"{option('ref_ema')} needs full fine-tuning: with LoRA the reference is the base weights")
         if not (0 <= a.gamma <= 1 and 0 <= a.lam <= 1):
             raise UserError(f"{option('gamma')} and {option('lam')} must be in [0, 1]")
         if k.kl_in_loss and k.target_kl is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import textwrap
 import types
 import typing
@@ -88,6 +89,71 @@ def _convert_list(item_type: type, value: Any) -> list:
         else:
             raise ValueError(f"must be strings, got {item!r}")
     return out
+
+
+# Other libraries' names (TRL, Hugging Face's Trainer, PEFT) for options that rlhfkit spells differently; an
+# unknown option of these names is answered with rlhfkit's (when the command has it).
+OTHER_SPELLINGS = {
+    "lr": "learning_rate",
+    "per_device_train_batch_size": "batch_size",
+    "train_batch_size": "batch_size",
+    "num_train_epochs": "num_epochs",
+    "epochs": "num_epochs",
+    "model_name_or_path": "model",
+    "model_name": "model",
+    "dataset": "data",
+    "dataset_name": "data",
+    "train_file": "data",
+    "eval_dataset": "eval_data",
+    "validation_file": "eval_data",
+    "max_seq_length": "max_length",
+    "max_completion_length": "max_new_tokens",
+    "response_length": "max_new_tokens",
+    "lora_rank": "lora_r",
+    "use_peft": "lora_r",
+    "num_iterations": "ppo_epochs",
+    "epsilon": "clip_eps",
+    "epsilon_high": "clip_eps_high",
+    "beta": "kl_coef",
+    "kl_coeff": "kl_coef",
+    "reward_funcs": "reward_fn",
+    "reward_model_path": "reward_model",
+    "ref_model_path": "ref_model",
+    "sft_model_path": "model",
+    "lr_scheduler_type": "lr_scheduler",
+    "resume_from_checkpoint": "resume",
+    "bf16": "mixed_precision",
+    "fp16": "mixed_precision",
+}
+
+
+def closest_option(name: str, known: list[str]) -> str | None:
+    """The option of ``known`` (config field names) that an unknown ``name`` most likely meant: another
+    library's spelling of it, or the nearest by spelling (a typo, a missing ``s``); None when nothing is close."""
+    key = name.lstrip("-").replace("-", "_").lower()
+    if OTHER_SPELLINGS.get(key) in known:
+        return OTHER_SPELLINGS[key]
+    if key in known:
+        return key
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    # a prefix of one option only (--max-prompt for --max-prompt-length)
+    longer = [k for k in known if len(key) >= 3 and k.startswith(key)]
+    return longer[0] if len(longer) == 1 else None
+
+
+def unknown_option(prog: str, name: str, known: list[str], where: str = "") -> UserError:
+    """The error for an option ``prog`` does not have, with the one it most likely meant."""
+    guess = closest_option(name, known)
+    message = f"{where or prog}: unknown option {name if name.startswith('-') else repr(name)}"
+    if where:  # a key of a YAML file: the key it meant
+        message += f" for {prog}" + (f"; did you mean '{guess}'?" if guess else "")
+    elif guess is not None:
+        message += f"; did you mean {option(guess)}?"
+    elif name.startswith("-"):
+        message += f" (see {prog} --help)"
+    return UserError(message)
 
 
 def convert(leaf: Leaf, value: Any) -> Any:
@@ -256,7 +322,15 @@ def parse_config(prog: str, config_cls: type, argv: list[str], description: str 
 
     parser.error = fail  # type: ignore[method-assign]
     positional = getattr(config_cls, "POSITIONAL", "")
-    ns = vars(parser.parse_intermixed_args(argv) if positional else parser.parse_args(argv))
+    parse = parser.parse_known_intermixed_args if positional else parser.parse_known_args
+    parsed, extra = parse(argv)
+    flags = [arg for arg in extra if arg.startswith("--")]
+    if extra:
+        if not flags:
+            fail(f"unrecognized arguments: {' '.join(extra)}")
+        known = [leaf.name for leaf in leaves(config_cls())]
+        raise unknown_option(prog, flags[0].split("=")[0], known)
+    ns = vars(parsed)
     debug = bool(ns.pop("debug", False))
     if positional:
         given = ns.pop("_" + positional, None) or []
@@ -268,7 +342,7 @@ def parse_config(prog: str, config_cls: type, argv: list[str], description: str 
         known = {leaf.name for leaf in leaves(config_cls())}
         for key, value in _flat_yaml(load_yaml(cfg_path), part_names(config_cls())).items():
             if key not in known:
-                raise UserError(f"{cfg_path}: unknown option '{key}' for {prog}")
+                raise unknown_option(prog, key, sorted(known), where=cfg_path)
             values[key] = (value, f"{cfg_path}: option '{key}'")
     for key, value in ns.items():
         values[key] = (value, f"{prog}: --{key.replace('_', '-')}")
@@ -288,7 +362,7 @@ def build_config(prog: str, config_cls: type, values: dict[str, tuple[Any, str]]
     by_name = {leaf.name: leaf for leaf in leaves(config)}
     for key, (value, origin) in values.items():
         if key not in by_name:
-            raise UserError(f"{prog}: unknown option '{key}'")
+            raise unknown_option(prog, key, list(by_name))
         leaf = by_name[key]
         try:
             _set(config, leaf.path, convert(leaf, value))

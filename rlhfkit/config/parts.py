@@ -25,13 +25,18 @@ class ModelArgs:
 @dataclass
 class LoraArgs:
     lora_r: int = 0
-    """LoRA rank; 0 trains all weights. With LoRA the frozen reference is the same backbone with adapters off."""
+    """LoRA rank; 0 trains all weights. With LoRA the frozen reference is the same backbone with adapters off;
+    a reward model's score head (rm, and ppo's --value-model) trains in full beside its adapters."""
     lora_alpha: float = 16.0
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_r)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input."""
     lora_target_modules: str = "all-linear"
     """Comma-separated module names to adapt, or 'all-linear'."""
+    save_merged: bool = True
+    """With LoRA, write the final model with the adapter merged into full weights (loadable by every command)
+    and the adapter under OUT/adapter/; false: only the adapter (and the tokenizer) in OUT, which
+    PeftModel.from_pretrained(base, OUT) loads and `rlhfkit merge --adapter OUT` merges later."""
 
 
 @dataclass
@@ -39,8 +44,9 @@ class DataArgs:
     data: str = ""
     """Training data: a .jsonl, .json or .parquet file, or a datasets.save_to_disk folder."""
     eval_data: str = ""
-    """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo: the held-out prompts
-    that --gold-judge scores every --gold-steps)."""
+    """Held-out data in the same format; evaluated every --eval-steps and at the end (ppo, grpo, rloo: prompts,
+    sampled by the policy and measured with the run's rewards, KL and length into eval/ metrics and
+    eval_samples.jsonl; --gold-judge also scores them every --gold-steps)."""
     max_length: int = 256
     """Longest prompt + response in tokens; longer rows are truncated (response end first, then prompt start) and
     counted in a note at the start."""
@@ -97,11 +103,15 @@ class RunArgs:
     """Keep only the newest N checkpoints."""
     resume: bool = False
     """Continue from the newest complete checkpoint in --output-dir."""
+    overwrite_output_dir: bool = False
+    """Empty --output-dir first when it holds another run (metrics, checkpoints, a model); without this or
+    --resume such a folder stops the command, so no run is written over by mistake."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """Autocast precision; 'auto' is bf16 on a GPU that supports it, else full precision. On a CPU with native
     bf16 matmuls (AVX512-BF16 / AMX), 'bf16' can speed up models of a few million parameters and up; for tiny
     models the casts cost more than they save."""
     cpu: bool = options.cpu()
+    threads: int = options.threads()
     progress: bool = True
     """Show a progress bar."""
     dist_timeout: int = options.dist_timeout()

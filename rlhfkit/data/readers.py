@@ -27,6 +27,20 @@ class Row:
         return text + (f": field '{field}'" if field else "")
 
 
+def row_location(path: str | Path, index: int) -> str:
+    """Where the ``index``-th row (0-based, as read) of the data file ``path`` is, named as ``Row.where`` names
+    it: ``PATH: line N`` for JSONL (the line in the file, blank lines counted), ``PATH: row N`` otherwise. For
+    an error found after reading, when only the row's index is at hand."""
+    p = Path(path)
+    if p.suffix == ".jsonl" and p.is_file():
+        with p.open("rb") as handle:
+            filled = (number for number, raw in enumerate(handle, start=1) if raw.strip())
+            for i, number in enumerate(filled):
+                if i == index:
+                    return f"{p}: line {number}"
+    return f"{p}: row {index + 1}"
+
+
 def read_rows(path: str | Path) -> list[Row]:
     """All rows of a data file or folder; raises UserError for a missing, empty or unreadable file."""
     p = Path(path)

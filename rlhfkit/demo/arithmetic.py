@@ -38,7 +38,7 @@ def run(cfg: DemoConfig) -> dict:
     settings = QUICK if cfg.quick else SETTINGS
     start = time.perf_counter()
     out, data, stages = begin(cfg, write_task_data, total=5)
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
+    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
     stages.run(
         "SFT",
         lambda: run_command(

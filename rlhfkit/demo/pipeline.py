@@ -157,9 +157,6 @@ def begin(
     counts) and a small model with a tokenizer trained on the task's corpus, or, with ``--model``, the task's data
     in the chat form of that model (``plan.chat_rows``). Returns (output dir, {data file name: path}, the stage
     runner)."""
-    import torch
-
-    torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(total=total)
@@ -201,7 +198,7 @@ def run(cfg: DemoConfig) -> dict:
     settings = run_plan.settings
     out, data, stages = begin(cfg, write_task_data, total=7 if cfg.model else 8, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
+    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
     stages.run(
         "SFT",
         lambda: _run(
@@ -228,7 +225,7 @@ def run(cfg: DemoConfig) -> dict:
     # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
     # (each stage on cfg.threads threads; a seed gives the same numbers either way).
     job = None
-    if 2 * cfg.threads <= (os.cpu_count() or 1):
+    if cfg.threads and 2 * cfg.threads <= (os.cpu_count() or 1):
         # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
         no_kl = no_kl.replace("--progress false", "--progress true")
         job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)

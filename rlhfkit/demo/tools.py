@@ -46,7 +46,7 @@ def run(cfg: DemoConfig) -> dict:
     settings = QUICK if cfg.quick else SETTINGS
     start = time.perf_counter()
     out, data, stages = begin(cfg, write_task_data, total=5, sizes=QUICK_SIZES if cfg.quick else DATA_SIZES)
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()}"
+    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
     tool = f"{data['tool']}:add"
     stages.run(
         "SFT",

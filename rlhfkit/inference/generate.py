@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import GenerateConfig
 from rlhfkit.data.lengths import check_generation_fits, encode_prompts
+from rlhfkit.data.readers import row_location
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
@@ -47,7 +48,7 @@ def run(cfg: GenerateConfig) -> Path:
     model.to(device)
     for i, ids in enumerate(prompts_ids):
         if not ids:
-            raise UserError(f"{cfg.io.data}: row {i + 1}: field 'prompt': encodes to no tokens")
+            raise UserError(f"{row_location(cfg.io.data, i)}: field 'prompt': encodes to no tokens")
 
     # 3. Sample: this process's share of the prompts, each repeated K times in a row, so a prompt's K samples
     #    are neighbours in the output.

@@ -187,13 +187,15 @@ class Store:
                     (str(max(labels_per_item, 1)),),
                 )
 
-    def add_annotators(self, names: list[str]) -> dict[str, str]:
-        """Give each new name a token; returns every annotator's {name: token} (old ones keep theirs)."""
+    def add_annotators(self, names: list[str], tokens: dict[str, str] | None = None) -> dict[str, str]:
+        """Give each new name a token (from ``tokens`` where it names one, to keep a link from another store);
+        returns every annotator's {name: token} (old ones keep theirs)."""
+        tokens = tokens or {}
         with self.transaction() as db:
             for name in names:
                 db.execute(
                     "INSERT INTO annotators (name, token) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
-                    (name, secrets.token_urlsafe(18)),
+                    (name, tokens.get(name) or secrets.token_urlsafe(18)),
                 )
             return {r["name"]: r["token"] for r in db.execute("SELECT name, token FROM annotators ORDER BY rowid")}
 

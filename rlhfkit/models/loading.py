@@ -31,6 +31,9 @@ def check_model_dir(path: str, what: str = "model") -> Path:
     if not p.is_dir():
         raise UserError(f"{path}: {what} must be a directory (config.json, *.safetensors, tokenizer files)")
     if not (p / "config.json").is_file():
+        if (p / "adapter_config.json").is_file():
+            merge = invocation("merge", adapter=str(path), output_dir="MERGED")
+            raise UserError(f"{path}: a LoRA adapter without its base weights; merge it into a full model: {merge}")
         raise UserError(f"{path}: not a Hugging Face {what} directory (no config.json)")
     try:
         json.loads((p / "config.json").read_text(encoding="utf-8"))

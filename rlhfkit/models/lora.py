@@ -50,8 +50,12 @@ def adapters_off(model):
     return model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
 
 
-def save_pretrained(model, tokenizer, output_dir: str | Path, state_dict: dict | None = None) -> Path:
+def save_pretrained(
+    model, tokenizer, output_dir: str | Path, state_dict: dict | None = None, merged: bool = True
+) -> Path:
     """Save the final model (LoRA merged into the root, the adapter also under ``adapter/``) + tokenizer.
+    ``merged=False`` (``--save-merged false``): a LoRA model's adapter alone in the root (what
+    ``PeftModel.from_pretrained(base, output_dir)`` loads, and ``rlhfkit merge`` merges) + tokenizer.
 
     The LoRA merge happens in place (W += scale·B·A, saved, then subtracted again) rather than on a deep
     copy, so saving never holds a second copy of the model: at the end of a long run that copy is what
@@ -62,7 +66,11 @@ def save_pretrained(model, tokenizer, output_dir: str | Path, state_dict: dict |
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if state_dict is not None:
+    if is_lora(model) and not merged:
+        weights = state_dict if state_dict is not None else model.state_dict()
+        _check_finite({k: v for k, v in weights.items() if ".lora_" in k or ".modules_to_save." in k})
+        model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    elif state_dict is not None:
         if is_lora(model):
             state_dict = merged_lora_weights(model, state_dict)
             model = model.get_base_model()
@@ -115,5 +123,16 @@ def merged_lora_weights(model, state: dict) -> dict:
 
 def _without_lora(state: dict) -> dict:
     """A LoRA-wrapped model's state dict under the plain model's names: adapter tensors dropped, each
-    wrapped layer's ``base_layer`` (holding the merged weight) under the original layer name."""
-    return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+    wrapped layer's ``base_layer`` (holding the merged weight) under the original layer name, and a module
+    trained in full beside the adapters (``modules_to_save``, e.g. a reward model's score head) as its
+    trained copy, not the original."""
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key or ".original_module." in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        if ".modules_to_save." in key:
+            stem, _, rest = key.partition(".modules_to_save.")
+            key = f"{stem}.{rest.partition('.')[2]}"  # drop the adapter's name
+        out[key] = value
+    return out

@@ -30,7 +30,7 @@ from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_pretrained, load_reward_model, load_tokenizer, match_tokenizer
-from rlhfkit.models.unwrap import without_ddp
+from rlhfkit.models.unwrap import base_model, without_ddp
 from rlhfkit.training.batches import chunks
 
 STATS_FILE = "reward_stats.json"
@@ -45,7 +45,9 @@ def is_encoder(model) -> bool:
     last token; that head is what tells the two kinds apart. A model with neither (remote code) is
     treated like an encoder: its own pooled output is the score.
     """
-    return not isinstance(getattr(without_ddp(model), "score", None), torch.nn.Linear)
+    head = getattr(base_model(model), "score", None)
+    head = getattr(head, "original_module", head)  # trained in full beside LoRA adapters (PEFT's modules_to_save)
+    return not isinstance(head, torch.nn.Linear)
 
 
 def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
@@ -144,10 +146,12 @@ class ScoreOutput:
 
     mean: [B] ensemble mean (for a single model, its score)
     std:  [B] standard deviation across ensemble members (unbiased); None for a single model
+    members: [K, B] each member's scores; None for a single model
     """
 
     mean: torch.Tensor
     std: torch.Tensor | None = None
+    members: torch.Tensor | None = None
 
     def conservative(self, k: float) -> torch.Tensor:
         """``[B]`` mean − k·std, a pessimistic score where members disagree (the mean for one model)."""
@@ -251,4 +255,4 @@ class RewardScorer:
         scores = self.member_scores(prompts, responses, batch_size, finished)
         if not self.is_ensemble:
             return ScoreOutput(scores[0])
-        return ScoreOutput(scores.mean(dim=0), scores.std(dim=0))
+        return ScoreOutput(scores.mean(dim=0), scores.std(dim=0), scores)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlhfkit.data.readers import row_location
 from rlhfkit.errors import UserError, option
 from rlhfkit.userfiles import load_object, split_spec
 
@@ -61,7 +62,7 @@ class EnvCaller:
     def fail(self, row: int, what: str, exc: Exception) -> UserError:
         detail = str(exc).splitlines()[0] if str(exc) else ""
         return UserError(
-            f"{self.data_path}: row {row + 1}: environment {self.name}.{what} raised {type(exc).__name__}"
+            f"{row_location(self.data_path, row)}: environment {self.name}.{what} raised {type(exc).__name__}"
             + (f": {detail}" if detail else "")
         )
 

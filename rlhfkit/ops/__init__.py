@@ -13,6 +13,7 @@ from .critic_free import (
     rloo_advantages,
 )
 from .engine_mismatch import logprob_gap, truncated_importance_weights
+from .ensemble import ENSEMBLE_OBJECTIVES, ensemble_reward
 from .estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageConfig,
@@ -38,10 +39,12 @@ from .losses import (
     sequence_ratio_policy_loss,
     value_loss,
 )
+from .reference import ema_update
 from .stats import explained_variance, masked_mean, masked_var, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "ENSEMBLE_OBJECTIVES",
     "POLICY_LOSSES",
     "PPOLossConfig",
     "PPOLossTerms",
@@ -54,6 +57,8 @@ __all__ = [
     "bradley_terry_loss",
     "discounted_returns",
     "dpo_loss",
+    "ema_update",
+    "ensemble_reward",
     "entropy_from_logits",
     "explained_variance",
     "gae",

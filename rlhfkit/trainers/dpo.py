@@ -4,7 +4,8 @@ conservative DPO (label smoothing).
 Per step: take batch_size x accumulation preference pairs. For each micro-batch of B pairs, ONE
 forward pass of the policy over ``[chosen rows; rejected rows]`` (``[2B, L]``, see
 ``collate_preferences``) gives log pi(y|x) summed over response tokens; the frozen reference gives
-log pi_ref(y|x) (a copy of the starting model, or with LoRA the same backbone with its adapters off);
+log pi_ref(y|x) (``--ref-model``, or a copy of the starting model, or with LoRA the same backbone with its
+adapters off);
 ``ops.dpo_loss`` turns the four into per-pair losses. The step's loss is the mean over all its pairs
 (``rlhfkit.training.loop``), so accumulation gives exactly the loss of one big batch.
 
@@ -33,7 +34,7 @@ from rlhfkit.models.lora import adapters_off, apply_lora
 from rlhfkit.ops import dpo_loss
 from rlhfkit.training.batches import chunks
 from rlhfkit.training.loop import Objective, fit
-from rlhfkit.training.runtime import disable_dropout
+from rlhfkit.training.runtime import disable_dropout, seed_everything
 from rlhfkit.training.session import Session, Trainables
 
 Pair = tuple[Encoded, Encoded]  # (chosen, rejected) with the same prompt ids
@@ -193,8 +194,16 @@ def train(cfg: DPOConfig) -> dict:
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     disable_dropout(model)  # before LoRA, so an explicit --lora-dropout still applies to the adapters
     lora = cfg.lora.lora_r > 0
-    frozen = [] if lora else [copy.deepcopy(model).requires_grad_(False).eval()]
+    # the reference: --ref-model, else the starting policy (a frozen copy, or with LoRA the adapters off)
+    frozen = []
+    if cfg.dpo.ref_model:
+        reference_model = load_causal_lm(cfg.dpo.ref_model, cfg.model.trust_remote_code, tokenizer)
+        disable_dropout(reference_model)
+        frozen.append(reference_model.requires_grad_(False).eval())
+    elif not lora:
+        frozen.append(copy.deepcopy(model).requires_grad_(False).eval())
     if lora:
+        seed_everything(cfg.run.seed)  # the adapters' initialisation: the same run for the same seed
         model = apply_lora(model, cfg.lora)
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 
@@ -203,7 +212,7 @@ def train(cfg: DPOConfig) -> dict:
         accelerator, device = session.accelerator, session.device
         rows = session.micro_batch_size(cfg.optim)
         policy = accelerator.unwrap_model(trainables.model)
-        reference = Reference(policy if lora else frozen.pop().to(device), pack_sequences)  # holds the only handle
+        reference = Reference(frozen.pop().to(device) if frozen else policy, pack_sequences)  # the only handle
 
         def report(split):
             return lambda done, n: session.logger.note(f"reference log-probs of {split} pairs: {done}/{n}")
@@ -214,7 +223,7 @@ def train(cfg: DPOConfig) -> dict:
         # fraction of one epoch's work).
         if eval_pairs:
             reference.precompute("eval", eval_pairs, pad_id, rows, device, accelerator.autocast, report("held-out"))
-        if cfg.dpo.precompute_ref and lora:
+        if cfg.dpo.precompute_ref and lora and not cfg.dpo.ref_model:
             reference.cache("train", len(train_pairs))
         elif cfg.dpo.precompute_ref:
             start = time.perf_counter()

@@ -28,6 +28,7 @@ from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.models.loading import load_tokenizer
+from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import (
     ENSEMBLE_FILE,
     STATS_FILE,
@@ -185,7 +186,16 @@ def _member_config(cfg: RMConfig, i: int) -> RMConfig:
     out = Path(cfg.run.output_dir) / f"member-{i}"
     resume = cfg.run.resume and Checkpointer(out).latest() is not None
     name = f"{trackers.run_name(cfg.run)}-member-{i}"
-    run = replace(cfg.run, seed=cfg.run.seed + i, output_dir=str(out), resume=resume, run_name=name)
+    # a member interrupted before its first checkpoint starts again in its own folder
+    overwrite = cfg.run.overwrite_output_dir or (cfg.run.resume and not resume)
+    run = replace(
+        cfg.run,
+        seed=cfg.run.seed + i,
+        output_dir=str(out),
+        resume=resume,
+        run_name=name,
+        overwrite_output_dir=overwrite,
+    )
     return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
 
 
@@ -203,6 +213,8 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     eval_pairs = eval_pairs if eval_examples else None
     model = build_reward_model(cfg.model.model, tokenizer, cfg.model.trust_remote_code)
     disable_dropout(model)
+    if cfg.lora.lora_r > 0:  # adapters on the backbone; the new score head trains in full beside them
+        model = apply_lora(model, cfg.lora, task_type="SEQ_CLS")
 
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 

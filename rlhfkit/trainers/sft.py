@@ -22,6 +22,7 @@ from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.training.batches import chunks
 from rlhfkit.training.loop import Objective, fit
+from rlhfkit.training.runtime import seed_everything
 from rlhfkit.training.session import Session
 
 
@@ -86,6 +87,7 @@ def train(cfg: SFTConfig) -> dict:
     eval_items = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     if cfg.lora.lora_r > 0:
+        seed_everything(cfg.run.seed)  # the adapters' initialisation: the same run for the same seed
         model = apply_lora(model, cfg.lora)
     pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
 

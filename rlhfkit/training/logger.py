@@ -94,3 +94,13 @@ class MetricsLogger:
             self.bar.close()
             if self.accelerator is not None:
                 trackers.finish(self.accelerator)
+
+
+def close_progress_bars() -> None:
+    """Close every progress bar still drawn. A command that stops with an error leaves its bar open; closed
+    first, the bar ends its line, so the error is printed on a line of its own and no bar is redrawn after it
+    (as an open bar would be when it is collected at exit)."""
+    from tqdm import tqdm as any_bar  # the base class: its registry holds every bar, tqdm.auto's too
+
+    for bar in list(getattr(any_bar, "_instances", ())):
+        bar.close()

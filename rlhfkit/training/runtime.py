@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines, trackers
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` (``--threads``; 0 leaves them as they are) while a command runs, and put
+    back after. The inter-op pool can be sized only before its first use, so it is set when that is still
+    possible and left as it is otherwise."""
+    if not n:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # the pool already started: its size is fixed for the process
+        torch.set_num_interop_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def make_accelerator(run):

@@ -7,6 +7,7 @@ Trainers compose these pieces (no base class): ``open_session`` at the start, ``
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ class Session:
     total_steps: int
     stop: StopSignal
     resume_from: Path | None = None  # the checkpoint --resume continues from
+    save_merged: bool = (
+        True  # --save-merged: a LoRA model's final weights merged (and the adapter) or the adapter alone
+    )
 
     @property
     def device(self) -> torch.device:
@@ -133,7 +137,8 @@ class Session:
         release_blocks()  # the LM head's kept blocks
 
     def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
-        """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/), written by
+        """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/; with
+        ``--save-merged false`` the adapter alone), written by
         the main process once every process is done, with one line saying where; then close the logger.
         Under a sharding engine the full weights are gathered first (every process takes part); ``prefix``
         then selects the saved model's weights within ``model``'s (e.g. ``"policy."`` of an actor-critic)."""
@@ -145,7 +150,7 @@ class Session:
             for part in filter(None, prefix.rstrip(".").split(".")):
                 target = getattr(target, part)
             weights = None if full is None else {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
-            save_pretrained(target, tokenizer, self.output_dir, state_dict=weights)
+            save_pretrained(target, tokenizer, self.output_dir, state_dict=weights, merged=self.save_merged)
             print(f"model saved to {self.output_dir.resolve()}", flush=True)
         self.accelerator.wait_for_everyone()
         if close:
@@ -187,9 +192,61 @@ def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: i
     return trainables
 
 
+# What a training run writes into its --output-dir: a folder holding any of these holds a run.
+RUN_FILES = ("metrics.jsonl", "checkpoints", "config.yaml", "model.safetensors", "adapter_config.json")
+
+
+def run_files(out: Path) -> list[str]:
+    """The files in ``out`` that show a run was written there (empty for a missing, empty or other folder)."""
+    if not out.is_dir():
+        return []
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    return found + sorted(f.name for f in out.glob("model-*.safetensors"))[:1]  # a sharded model's first file
+
+
+def check_output_dir(run) -> None:
+    """Stop when ``--output-dir`` holds another run, unless ``--resume`` continues it or
+    ``--overwrite-output-dir`` replaces it (``run``: a RunArgs, or anything with those three fields)."""
+    out = Path(run.output_dir)
+    found = run_files(out)
+    if found and not run.resume and not run.overwrite_output_dir:
+        raise UserError(
+            f"{out}: {option('output_dir')} holds another run ({', '.join(found[:3])}); give "
+            f"{option('overwrite_output_dir', True)} to replace it, {option('resume', True)} to continue it, or "
+            "another folder"
+        )
+
+
+def clear_output_dir(config, out: Path) -> None:
+    """Empty ``out`` for ``--overwrite-output-dir``, keeping what this run reads from it (data written there by
+    the Python API under inputs/, a model inside it)."""
+    from rlhfkit.config.parse import flat_dict
+
+    root = out.resolve()
+    options = {k: v for k, v in flat_dict(config).items() if k != "output_dir"}
+    values = [v for value in options.values() for v in (value if isinstance(value, list) else [value])]
+    kept = set()
+    for value in values:
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value).resolve()
+        if path == root:
+            raise UserError(f"{out}: {option('overwrite_output_dir', True)} would delete this run's own input {value}")
+        if root in path.parents:
+            kept.add(path.relative_to(root).parts[0])
+    for entry in out.iterdir():
+        if entry.name in kept:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
-    """Seed, create the output dir, write ``config.yaml``, find the resume point if ``--resume``, and start the
-    --report-to trackers with the run's options."""
+    """Seed, create the output dir (stopping when it holds another run; ``--overwrite-output-dir`` empties it
+    first), write ``config.yaml``, find the resume point if ``--resume``, and start the --report-to trackers with
+    the run's options."""
     out = Path(run.output_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: {option('output_dir')} exists and is not a directory")
@@ -199,6 +256,13 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
         raise UserError(f"{out}: cannot create {option('output_dir')} ({exc.strerror})") from None
     accelerator = make_accelerator(run)
     ranks = ranks_of(accelerator)
+    check_output_dir(run)
+    replace = bool(run_files(out)) and run.overwrite_output_dir and not run.resume
+    accelerator.wait_for_everyone()  # every process looked before the main one writes anything
+    if replace:
+        if ranks.is_main:
+            clear_output_dir(config, out)
+        accelerator.wait_for_everyone()
     seed_everything(run.seed + ranks.rank)  # each process samples differently; rank 0 as a single process
     checkpointer = Checkpointer(out, run.save_total_limit, warn=_main_only(ranks, print_error))
     start, path = 0, None
@@ -213,7 +277,10 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
     logger = MetricsLogger(
         out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc, accelerator=accelerator
     )
-    return Session(accelerator, logger, checkpointer, out, start, total_steps, StopSignal().__enter__(), path)
+    lora = getattr(config, "lora", None)
+    save_merged = getattr(lora, "save_merged", True)
+    stop = StopSignal().__enter__()
+    return Session(accelerator, logger, checkpointer, out, start, total_steps, stop, path, save_merged)
 
 
 def print_error(message: str) -> None:

@@ -156,6 +156,22 @@ def test_verdicts_are_kept_per_cpu_instruction_set(monkeypatch, tmp_path):
 
 
 @needs_onednn
+def test_the_first_verdict_written_for_a_shape_is_every_later_processs(monkeypatch, tmp_path):
+    """Processes that time the same shape at once keep the first verdict on file (a second timing that came
+    out the other way adopts it), and no process's verdict for another shape is lost."""
+    import multiprocessing
+
+    monkeypatch.setenv("RLHFKIT_CACHE_DIR", str(tmp_path))
+    assert onednn._write_decision("64x64@1", True) is True
+    assert onednn._write_decision("64x64@1", False) is True  # the later, opposite timing adopts the kept one
+    keys = [f"{n}x{n}@1" for n in range(100, 140)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        pool.starmap(onednn._write_decision, [(k, i % 2 == 0) for i, k in enumerate(keys)])
+    saved = json.loads(onednn.decisions_file().read_text())
+    assert saved == {"64x64@1": True, **{k: i % 2 == 0 for i, k in enumerate(keys)}}
+
+
 def test_a_swapped_lm_head_takes_its_block_products_through_onednn(count_onednn_calls, monkeypatch):
     """At a vocabulary above one block the LM head's log-probs run block by block; a head swapped to oneDNN
     runs those blocks' products through it (HeadProduct), padded to its row sizes, with the plain values."""

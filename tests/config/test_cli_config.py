@@ -56,12 +56,39 @@ def test_bool_and_optional_values():
     assert ppo.kl.target_kl == 6.0 and ppo.critic.value_clip is None
 
 
-def test_unknown_flag_is_rejected_with_a_clear_message(capsys):
-    code, _, err = run_cli(capsys, "sft", *REQUIRED, "--learning-rat", "0.1")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--learning-rat", "0.1"], "unknown option --learning-rat; did you mean --learning-rate?"),
+        (["--max_step", "3"], "unknown option --max_step; did you mean --max-steps?"),
+        (["--lr", "1e-3"], "unknown option --lr; did you mean --learning-rate?"),  # TRL's and Trainer's spelling
+        (
+            ["--per-device-train-batch-size=4"],
+            "unknown option --per-device-train-batch-size; did you mean --batch-size?",
+        ),
+        (["--frobnicate", "1"], "unknown option --frobnicate (see rlhfkit sft --help)"),
+        (["stray"], "unrecognized arguments: stray (see rlhfkit sft --help)"),
+    ],
+)
+def test_unknown_flag_is_rejected_with_a_clear_message(capsys, args, message):
+    code, _, err = run_cli(capsys, "sft", *REQUIRED, *args)
     assert code != 0 and "Traceback" not in err
-    assert err.strip().splitlines() == [
-        "error: rlhfkit sft: unrecognized arguments: --learning-rat 0.1 (see rlhfkit sft --help)"
-    ]
+    assert err.strip().splitlines() == [f"error: rlhfkit sft: {message}"]
+
+
+def test_unknown_keywords_and_yaml_keys_get_the_option_they_meant(tmp_path):
+    import rlhfkit
+
+    with pytest.raises(UserError, match=r"^rlhfkit\.sft: unknown option 'lr'; did you mean learning_rate\?$"):
+        rlhfkit.sft(model="m", data="d", output_dir=str(tmp_path), lr=1e-3)
+    with pytest.raises(UserError, match=r"^rlhfkit\.grpo: unknown option 'reward_fnss'; did you mean reward_fns\?$"):
+        rlhfkit.grpo(model="m", data="d", output_dir=str(tmp_path), reward_fnss=[len])
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("max_step: 3\n", encoding="utf-8")
+    with pytest.raises(
+        UserError, match=r"c\.yaml: unknown option 'max_step' for rlhfkit sft; did you mean 'max_steps'\?"
+    ):
+        parse(REQUIRED + ["--config", str(cfg_file)])
 
 
 def test_unknown_yaml_key_is_rejected(tmp_path):

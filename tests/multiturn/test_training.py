@@ -131,7 +131,7 @@ def test_an_environment_failure_writes_nothing_of_its_step_and_the_run_resumes_e
     install(monkeypatch, lambda context, rng: ["yes", "no"][rng(2)])
     env_run(files, tiny_model_dir, files / "full")
     monkeypatch.setenv("RLHFKIT_TEST_FAIL_AFTER", "16")  # the third step's first reset (8 rows a step)
-    with pytest.raises(UserError, match=r"prompts.jsonl: row \d+: environment Scored.reset raised ConnectionError"):
+    with pytest.raises(UserError, match=r"prompts.jsonl: line \d+: environment Scored.reset raised ConnectionError"):
         env_run(files, tiny_model_dir, files / "broken")
     checkpoints = sorted(p.name for p in (files / "broken" / "checkpoints").iterdir())
     assert checkpoints == ["step-2"] and not (files / "broken" / "model.safetensors").exists()

@@ -35,9 +35,10 @@ from typing import Any, Protocol
 
 import torch
 
-from rlhfkit.config.online import OnlineRewardArgs
+from rlhfkit.config.online import ENSEMBLE_MODE_ALIASES, OnlineRewardArgs
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.ops import ensemble_reward
 from rlhfkit.userfiles import load_object, replayed_callable
 
 
@@ -127,9 +128,9 @@ class Reward(Protocol):
 
 
 class RewardModelReward:
-    """A reward model (or an ensemble) scoring prompt + completion; what enters the training reward is the
-    mean score, or mean − k·std (``--ensemble-mode conservative``), standardised with the statistics saved
-    beside the reward model (``--normalize-reward``)."""
+    """A reward model (or an ensemble) scoring prompt + completion; what enters the training reward is, for an
+    ensemble, the objective ``--ensemble-mode`` names (``ops.ensemble_reward``: the mean, the worst member, or
+    mean − k·std), standardised with the statistics saved beside the reward model (``--normalize-reward``)."""
 
     name = "reward_model"
     abstains = False  # a NaN score is a numerical failure, not "does not apply"
@@ -140,7 +141,9 @@ class RewardModelReward:
     def __call__(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.scorer.score(batch.prompts, batch.completions, finished=batch.finished)
         raw = out.mean.float().cpu()
-        used = out.conservative(self.scorer.conservative_k) if self.args.ensemble_mode == "conservative" else out.mean
+        members = getattr(out, "members", None)  # None: one reward model, whose score every objective is
+        objective = ENSEMBLE_MODE_ALIASES.get(self.args.ensemble_mode, self.args.ensemble_mode)
+        used = out.mean if members is None else ensemble_reward(members, objective, self.scorer.conservative_k)
         used = used.float().cpu()
         stats = self.scorer.stats
         if self.args.normalize_reward and stats:

@@ -7,6 +7,7 @@ import copy
 
 import torch
 
+from rlhfkit import ops
 from rlhfkit.config.online import OnlineConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.lengths import check_generation_fits, encode_prompts
@@ -18,6 +19,7 @@ from rlhfkit.models.reward import RewardScorer
 from rlhfkit.models.sampling import stop_token_ids
 from rlhfkit.models.vllm_engine import VLLMEngine, require_vllm
 from rlhfkit.multiturn.rollout import MultiTurn
+from rlhfkit.trainers.online.evaluation import HeldOutEvaluator
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
 from rlhfkit.trainers.online.reporting import GoldEvaluator, SampleWriter
@@ -72,6 +74,8 @@ def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Mo
         vm = load_reward_model(critic.value_model, cfg.model.trust_remote_code)
         disable_dropout(vm)
         value_model = SeparateValueModel(vm)
+        if cfg.lora.lora_r > 0:  # adapters on its backbone as on the policy's; its score head trains in full
+            value_model.backbone = apply_lora(value_model.backbone, cfg.lora, task_type="FEATURE_EXTRACTION")
     return ActorCritic(policy, value_model, critic=cfg.needs_critic), ref_model
 
 
@@ -162,6 +166,11 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         trainer.load_state_dict(resumed, stream)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
     monitor = HackingMonitor(session.logger)
+    held_out = None
+    if eval_examples:
+        eval_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in eval_examples]
+        judge = gold.judge if gold is not None else None
+        held_out = HeldOutEvaluator(eval_examples, eval_ids, session.output_dir, judge, session.start_step)
     if resumed is not None:
         monitor.load_state_dict(resumed["monitor"])
 
@@ -177,6 +186,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         if gold is not None and (step % cfg.monitor.gold_steps == 0 or step == steps or step == 1):
             with engines.gathered_for_generation(session.accelerator, trainer.actor_critic):
                 metrics["reward/gold"] = gold.evaluate(trainer.policy, tokenizer, cfg, session.device, multiturn)
+        if held_out is not None and session.eval_due(step, cfg.run.eval_steps):
+            metrics.update(held_out.evaluate(trainer, step))
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
@@ -187,6 +198,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
             samples.write(step, gather_objects(batch.prompts), rollout, tokenizer, ranks.world, messages)
         if cfg.kl.ref_update_steps and step % cfg.kl.ref_update_steps == 0:
             trainer.refresh_reference()
+        if cfg.kl.ref_ema:
+            ops.ema_update(trainer.ref_model, trainer.policy, cfg.kl.ref_ema)
         state = lambda: {**trainer.state_dict(stream), "monitor": monitor.state_dict()}  # noqa: E731
         if session.save_due(step, cfg.run):
             session.save(step, trainer.checkpoint_models(), state(), trainer.optimizer)

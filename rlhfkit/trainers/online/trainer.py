@@ -351,7 +351,7 @@ class OnlineTrainer:
     # ---- checkpoints -------------------------------------------------------------------------------
     def checkpoint_models(self) -> dict:
         models = {"actor_critic": self.actor_critic}
-        if self.kl_args.ref_update_steps and self.ref_model is not None:
+        if (self.kl_args.ref_update_steps or self.kl_args.ref_ema) and self.ref_model is not None:
             models["reference"] = self.ref_model
         return models
 

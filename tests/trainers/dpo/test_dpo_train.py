@@ -177,3 +177,40 @@ def test_cli_rejects_label_smoothing_with_ipo(task, tmp_path, capsys):
     )
     assert code == 1 and "--label-smoothing" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _mean_chosen_logp(model_dir: str, prefs: str) -> float:
+    """log pi(chosen | prompt) of ``model_dir``, averaged over the pairs of ``prefs``."""
+    from rlhfkit.config.parts import DataArgs
+    from rlhfkit.data.schema import load_examples
+    from rlhfkit.models.forward import sequence_logprobs
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, tokenizer=tokenizer).eval()
+    examples = load_examples(prefs, "preference", "test")
+    pairs = dpo.encode_all(tokenizer, examples, DataArgs())  # the lengths the runs use (the defaults)
+    batch = dpo.make_batch(pairs, list(range(len(pairs))), tokenizer.pad_token_id, "cpu")
+    with torch.no_grad():
+        chosen, _ = dpo.split_pairs(sequence_logprobs(model, batch.seqs, False))
+    return float(chosen.mean())
+
+
+@pytest.mark.parametrize("lora", [(), ("--lora-r", "4")])
+def test_ref_model_is_the_reference_of_the_loss(task, dpo_config, lora):
+    init = str(task.root / "init")  # the random model SFT started from: the same tokenizer, other log-probs
+    runs = {
+        "own": dpo_config("own", "--eval-data", task.prefs_eval, "--max-steps", "2", *lora),
+        "other": dpo_config("other", "--eval-data", task.prefs_eval, "--max-steps", "2", "--ref-model", init, *lora),
+    }
+    implied = {}
+    for name, cfg in runs.items():
+        dpo.train(cfg)
+        last = read_metrics(cfg.run.output_dir)[-1]
+        # eval/rewards/chosen = beta (log pi - log pi_ref), eval/logps/chosen = log pi, both means over the pairs
+        implied[name] = last["eval/logps/chosen"] - last["eval/rewards/chosen"] / cfg.dpo.beta
+    assert implied["own"] == pytest.approx(_mean_chosen_logp(task.base, task.prefs_eval), abs=1e-3)
+    assert implied["other"] == pytest.approx(_mean_chosen_logp(init, task.prefs_eval), abs=1e-3)
+    assert abs(implied["own"] - implied["other"]) > 1.0
+    first = read_metrics(runs["other"].run.output_dir)[0]
+    assert first["rewards/chosen"] != 0  # the policy starts away from this reference

@@ -312,3 +312,28 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     apart, moved = update_apart(w_apart, w_joint, start, key=lambda k: k.removeprefix("policy."))
     print(f"weights apart {apart:.3g}, moved {moved:.3g}")
     assert moved > 1e-2 and apart < 1e-2 * moved
+
+
+def test_lora_also_adapts_a_separate_value_model(thanks_task, tmp_path):
+    """With --lora-r the value model's backbone trains adapters only and its score head in full."""
+    from rlhfkit.models.loading import load_tokenizer
+    from rlhfkit.trainers.online.run import build_models
+
+    model, prompts = thanks_task
+    rm = make_reward_model(model, tmp_path / "rm")
+    argv = f"--model {model} --data {prompts} --output-dir {tmp_path}/run --max-steps 3 --value-model {rm} {BASE}"
+    actor_critic, _ = build_models(parse("ppo", argv + " --lora-r 4"), load_tokenizer(str(model)))
+    trainable = [n for n, p in actor_critic.value_model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n or n.startswith("score.") for n in trainable)
+    assert any(n.startswith("score.") for n in trainable)
+    train(parse("ppo", argv + " --lora-r 4 --save-steps 3"), scorer=ThanksScorer())
+    rows = read_metrics(tmp_path / "run")
+    assert all(r["loss/value"] > 0 for r in rows)
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "run" / "checkpoints" / "step-3" / "actor_critic.safetensors")
+    start = load_file(rm / "model.safetensors")
+    # the backbone's own weights stayed as the reward model's; the head moved
+    embedding = next(k for k in saved if k.startswith("value_model.backbone") and k.endswith("wte.weight"))
+    assert torch.equal(saved[embedding], start["transformer.wte.weight"])
+    assert not torch.equal(saved["value_model.score.weight"], start["score.weight"])

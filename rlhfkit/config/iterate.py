@@ -1,0 +1,99 @@
+"""Options of `rlhfkit iterate`: PPO's options (one round's PPO), the reward model's, and the loop's own."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from rlhfkit.config.checks import at_least, positive
+from rlhfkit.config.commands import RewardArgs
+from rlhfkit.config.online import PPOConfig
+from rlhfkit.config.pages import ServeArgs
+from rlhfkit.errors import UserError, option
+
+HUMAN = "human"
+
+
+@dataclass
+class IterateArgs:
+    judge: str = ""
+    """Who labels each round's pairs: FILE.py:NAME (in Python also the function itself), a function
+    prefer(prompts, completions, **kwargs) -> list[int] where completions[i] is the pair [a, b] and the answer
+    0 (a is better), 1 (b is better) or -1 (no preference: the pair is dropped); or 'human': the pairs go to a
+    labelling page (as `rlhfkit label`'s) and the round waits for the labels."""
+    prefs: str = ""
+    """Preference pairs (prompt, chosen, rejected) to train the first reward model on (from --model) when no
+    --reward-model is given; kept in every round's reward-model data."""
+    rounds: int = 3
+    """Rounds of (pairs sampled from the policy -> labels -> reward model updated -> PPO continued)."""
+    pairs_per_round: int = 128
+    """Prompts of --data sampled twice by the current policy each round; each gives one pair to label."""
+    rm_steps: int = 50
+    """Reward-model steps per round, over all pairs so far (--prefs and every round's)."""
+    rm_initial_steps: int = 0
+    """Steps of the first reward model on --prefs (0: --rm-steps)."""
+    rm_learning_rate: float = 2e-5
+    """Peak learning rate of the reward model's updates."""
+    rm_batch_size: int = 8
+    """Pairs per reward-model step."""
+    min_labels: int = 0
+    """With --judge human: close a round once this many pairs are labelled (0: when every pair is labelled or
+    skipped by everyone)."""
+    annotators: str = ""
+    """With --judge human: comma-separated annotator names, each given a private URL that stays the same in
+    every round (default: one annotator named 'annotator')."""
+    labels_per_item: int = 1
+    """With --judge human: different annotators who label each pair (several: a majority vote decides)."""
+    guidelines: str = ""
+    """With --judge human: Markdown file of labelling guidelines, one click away on the page."""
+    poll_seconds: float = 5.0
+    """With --judge human: how often a waiting round checks for new labels."""
+
+
+@dataclass
+class IterateConfig(PPOConfig):
+    """Iterated RLHF (Bai et al. 2022; Ouyang et al. 2022): each round samples two replies per prompt from the
+    current policy, has --judge (a Python function, or people on the labelling page) say which is better,
+    measures the reward model's accuracy on these new on-policy pairs, continues the reward model on all pairs
+    so far, and continues PPO from the last round's policy and value model; the KL reference stays --model.
+    Writes OUT/round-K/{pairs.jsonl, rm/, ppo/}, OUT/final/ (the last policy) and OUT/summary.json.
+    --max-steps is PPO's steps per round; --resume continues an interrupted run at its round (labels kept)."""
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output_dir", "judge")
+    algorithm: ClassVar[str] = "iterate"
+    iterate: IterateArgs = field(default_factory=IterateArgs)
+    rm_reward: RewardArgs = field(default_factory=RewardArgs)
+    serve: ServeArgs = field(default_factory=ServeArgs)
+
+    def check(self) -> None:
+        # One round's PPO gets its reward model from the loop: check PPO's options as that round sees them.
+        placeholder = self.reward.reward_model or "round reward model"
+        ppo = PPOConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PPOConfig)})
+        ppo.reward = dataclasses.replace(self.reward, reward_model=placeholder)
+        ppo.check()
+        it = self.iterate
+        positive(
+            rounds=it.rounds,
+            pairs_per_round=it.pairs_per_round,
+            rm_batch_size=it.rm_batch_size,
+            rm_learning_rate=it.rm_learning_rate,
+            labels_per_item=it.labels_per_item,
+            poll_seconds=it.poll_seconds,
+            ensemble=self.rm_reward.ensemble,
+        )
+        at_least(0, rm_steps=it.rm_steps, rm_initial_steps=it.rm_initial_steps, min_labels=it.min_labels)
+        if self.optim.max_steps <= 0:
+            raise UserError(f"{option('max_steps')} (PPO steps per round) must be > 0")
+        if not self.reward.reward_model and not it.prefs:
+            raise UserError(
+                f"give {option('reward_model')} (the reward model to start from) or {option('prefs')} (pairs to "
+                "train it on first)"
+            )
+        if not callable(it.judge) and it.judge != HUMAN and ":" not in it.judge:
+            raise UserError(f"{option('judge', it.judge)}: give FILE.py:NAME or 'human'")
+        if it.guidelines and not Path(it.guidelines).is_file():
+            raise UserError(f"{it.guidelines}: {option('guidelines')} file does not exist")
+        if not 0 <= self.serve.port <= 65535:
+            raise UserError(f"{option('port')} must be in 0..65535, got {self.serve.port}")

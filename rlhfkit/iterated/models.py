@@ -1,0 +1,94 @@
+"""The models a round hands to the next: the policy's replies, the reward model's accuracy on them, the value
+model PPO trained (kept as a plain Hugging Face folder so the next round's PPO starts from it), the final
+policy."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.data.encode import encode_prompt
+from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
+from rlhfkit.models.lora import save_pretrained
+from rlhfkit.models.reward import RewardScorer
+from rlhfkit.models.sampling import decode, sample_responses
+from rlhfkit.training.checkpoint import Checkpointer
+from rlhfkit.training.runtime import seed_everything
+
+VALUE_DIR = "value"  # OUT/round-K/ppo/value: the value model PPO trained that round
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml")  # a run's records, not part of a model folder
+
+
+@torch.no_grad()
+def sample_pairs(
+    policy_dir: str,
+    prompts: list,
+    generation: GenerationArgs,
+    max_prompt_length: int,
+    batch_size: int,
+    device,
+    seed: int,
+    trust_remote_code: bool = False,
+) -> list[tuple[str, str]]:
+    """Two replies of the policy to each prompt: ``[(a, b)]`` aligned with ``prompts``."""
+    tokenizer = load_tokenizer(policy_dir, trust_remote_code)
+    model = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
+    ids = [encode_prompt(tokenizer, p, max_prompt_length) for p in prompts]
+    seed_everything(seed)
+    responses = sample_responses(model, tokenizer, [i for i in ids for _ in range(2)], generation, batch_size, device)
+    texts = [decode(tokenizer, r) for r in responses]
+    return [(texts[2 * i], texts[2 * i + 1]) for i in range(len(prompts))]
+
+
+def pair_accuracy(
+    rm_dir: str, rows: list[dict], device, trust_remote_code: bool = False, pack: bool = True
+) -> float | None:
+    """How often the reward model (an ensemble: its mean) scores ``chosen`` above ``rejected`` (a tie counts
+    one half) over preference rows; None for none."""
+    if not rows:
+        return None
+    scorer = RewardScorer.load(rm_dir, device, trust_remote_code, pack=pack)
+    prompts = [r["prompt"] for r in rows]
+    chosen = scorer.score(prompts, [r["chosen"] for r in rows]).mean.float().cpu()
+    rejected = scorer.score(prompts, [r["rejected"] for r in rows]).mean.float().cpu()
+    return float(((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean())
+
+
+def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = False) -> Path:
+    """Write the value model of PPO's last checkpoint in ``ppo_dir`` as ``ppo_dir/value`` (a reward-model
+    folder: the architecture of ``value_init``, the trained weights), then drop the checkpoints (the policy is
+    already saved in ``ppo_dir``)."""
+    latest = Checkpointer(ppo_dir).latest()
+    assert latest is not None, f"{ppo_dir}: PPO left no checkpoint to take the value model from"
+    weights = load_file(str(latest / "actor_critic.safetensors"))
+    tokenizer = load_tokenizer(value_init, trust_remote_code)
+    model = load_reward_model(value_init, trust_remote_code, tokenizer)
+    prefix = model.base_model_prefix
+    state = {}
+    for key, tensor in weights.items():
+        if key.startswith("value_model.backbone."):
+            state[f"{prefix}.{key[len('value_model.backbone.') :]}"] = tensor
+        elif key.startswith("value_model.score."):
+            state[f"score.{key[len('value_model.score.') :]}"] = tensor
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    out = save_pretrained(model, tokenizer, ppo_dir / VALUE_DIR)
+    shutil.rmtree(ppo_dir / "checkpoints", ignore_errors=True)
+    return out
+
+
+def copy_model(src: Path, dst: Path) -> None:
+    """The model files of a run folder (weights, config, tokenizer; not its records or sub-folders) into
+    ``dst``, replacing what was there."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in RUN_FILES:
+            shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.replace(dst)

@@ -33,13 +33,14 @@ def test_overwrite_replaces_the_run_and_nothing_stale_survives(tiny_model_dir, d
     out = tmp_path / "out"
     assert run_cli(capsys, *sft_args(tiny_model_dir, data, out, max_steps=4, save_steps=2))[0] == 0
     (out / "samples.jsonl").write_text("")  # another command's leftovers
-    old_events = {p.name for p in (out / "tensorboard").iterdir()}
+    old_events = {p.relative_to(out) for p in (out / "tensorboard").rglob("*")}
     code, _, err = run_cli(capsys, *sft_args(tiny_model_dir, data, out, max_steps=1, overwrite_output_dir="true"))
     assert code == 0, err
     assert [r["step"] for r in metrics(out)] == [1]
     assert not (out / "samples.jsonl").exists() and not (out / "checkpoints").exists()
-    events = {p.name for p in (out / "tensorboard").iterdir()}
-    assert len(events) == 1 and not events & old_events
+    events = {p.relative_to(out) for p in (out / "tensorboard").rglob("*")}
+    assert events and not events & old_events  # the tracker's files of this run only
+    assert len([p for p in (out / "tensorboard").glob("events.out.tfevents.*")]) == 1
     assert (out / "model.safetensors").is_file()
 
 

@@ -26,7 +26,7 @@ import torch
 
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.models.forward import response_logprobs
-from rlhfkit.trainers.online.trainer import PromptBatch
+from rlhfkit.trainers.online.rollout import PromptBatch, sample
 from rlhfkit.training import engines
 from rlhfkit.training.distributed import gather_objects
 
@@ -65,7 +65,6 @@ class HeldOutEvaluator:
         # whose share is shorter repeats a prompt and drops its reply
         longest = -(-len(self.examples) // ranks.world)
         rows: list[dict] = []
-        messages_before = trainer.last_messages
         device = trainer.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(EVAL_SEED + ranks.rank)
@@ -74,7 +73,6 @@ class HeldOutEvaluator:
                 keep = len(index)
                 index = index or [mine[-1] if mine else 0]
                 rows += self._measure(trainer, index)[:keep]
-        trainer.last_messages = messages_before  # the training samples' conversations stay as they were
         rows = gather_objects(rows)  # every process's, in prompt order
         for row in rows:
             row["step"] = step
@@ -90,16 +88,25 @@ class HeldOutEvaluator:
         batch = PromptBatch(self.examples, self.prompt_ids, index, group_size=1)
         with engines.gathered_for_generation(trainer.accelerator, trainer.actor_critic):
             trainer.actor_critic.eval()
-            tensors, reward_batch = trainer.sample(batch, {})
-            mask = tensors["action_mask"].float()
+            sampled = sample(
+                trainer.policy,
+                trainer.tokenizer,
+                batch,
+                trainer.gen,
+                trainer.device,
+                trainer.multiturn,
+                trainer.rewards.env_weight,
+            )
+            c, reward_batch = sampled.completions, sampled.reward_batch
+            mask = c.action_mask.float()
             kl = None
             if trainer.has_reference:
-                ids = torch.cat([tensors["query_ids"], tensors["response_ids"]], 1)
-                attn = torch.cat([tensors["query_mask"], tensors["response_mask"]], 1)
-                T = tensors["response_ids"].shape[1]
+                T = c.response_ids.shape[1]
                 with trainer.accelerator.autocast():
-                    logprobs = response_logprobs(trainer.policy, ids, attn, T, trainer.gen.temperature)
-                    ref = trainer.reference_logprobs(ids, attn, T, None)
+                    logprobs = response_logprobs(
+                        trainer.policy, c.input_ids, c.attention_mask, T, trainer.gen.temperature
+                    )
+                    ref = trainer.reference_logprobs(c.input_ids, c.attention_mask, T, None)
                 kl = ((logprobs.float() - ref.float()) * mask).sum(dim=1).tolist()
         reward = trainer.rewards(reward_batch)
         lengths = mask.sum(dim=1).tolist()

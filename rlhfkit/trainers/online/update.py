@@ -38,6 +38,23 @@ def loss_metrics(terms: ops.PPOLossTerms, weight: float = 1.0) -> dict[str, floa
     return {LOSS_METRICS[name]: float(value) * weight for name, value in terms._asdict().items() if value is not None}
 
 
+def loss_config(cfg: OnlineConfig, max_tokens: int) -> ops.PPOLossConfig:
+    """The coefficients and choices of ``ops.ppo_loss`` that a run's options set (``max_tokens``: the most policy
+    tokens of a row, the length a Dr. GRPO token sum is normalised by)."""
+    p, critic = cfg.policy, (getattr(cfg, "critic", None) if cfg.needs_critic else None)
+    return ops.PPOLossConfig(
+        policy_loss=p.importance_ratio,
+        clip_eps=p.clip_eps,
+        clip_eps_high=p.clip_eps_high,
+        vf_coef=critic.vf_coef if critic is not None else 0.0,
+        value_clip=critic.value_clip if critic is not None else None,
+        entropy_coef=p.entropy_coef,
+        aggregation=p.loss_aggregation,
+        max_len=max_tokens,
+        importance_sampling_cap=cfg.vllm.vllm_importance_sampling_cap,
+    )
+
+
 class LossNormaliser:
     """Weights micro-batch losses so that accumulating them, and averaging the gradients over processes, gives
     exactly the loss of the whole minibatch under ``--loss-aggregation``.
@@ -86,18 +103,7 @@ class PPOUpdate:
         self.forward, self.shuffle = forward, shuffle
         self.critic = getattr(cfg, "critic", None) if cfg.needs_critic else None
         self.normaliser = LossNormaliser(cfg.policy.loss_aggregation, accelerator.num_processes)
-        p = cfg.policy
-        self.loss_config = ops.PPOLossConfig(
-            policy_loss=p.importance_ratio,
-            clip_eps=p.clip_eps,
-            clip_eps_high=p.clip_eps_high,
-            vf_coef=self.critic.vf_coef if self.critic is not None else 0.0,
-            value_clip=self.critic.value_clip if self.critic is not None else None,
-            entropy_coef=p.entropy_coef,
-            aggregation=p.loss_aggregation,
-            max_len=max_tokens,
-            importance_sampling_cap=cfg.vllm.vllm_importance_sampling_cap,
-        )
+        self.loss_config = loss_config(cfg, max_tokens)
 
     def loss(
         self, mb: Rollout, networks: Networks, kl_coef: float | None, outputs: ActorCriticOutput | None = None

@@ -3,15 +3,13 @@ whole penalty, not one shared by its length (the length bias of averaging each c
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from rlhfkit import ops
 from rlhfkit.cli.main import COMMANDS
 from rlhfkit.config.parse import parse_config
-from rlhfkit.trainers.online.trainer import OnlineTrainer
+from rlhfkit.trainers.online.update import loss_config
 
 REQUIRED = "--model m --data d.jsonl --reward-fn arithmetic --output-dir o"
 SHORT, LONG, T = 2, 8, 8  # a right answer of 2 tokens, a wrong ramble of 8
@@ -22,13 +20,17 @@ ADVANTAGES = torch.tensor([[1.0] * T, [-1.0] * T], dtype=torch.float64)  # [B, T
 def policy_gradient(argv: str) -> torch.Tensor:
     """d loss / d log-prob ``[B, T]`` of the policy loss the grpo command's config builds, at ratio 1."""
     cfg = parse_config("rlhfkit grpo", COMMANDS["grpo"].config, f"{REQUIRED} {argv}".split())[0]
-    p = cfg.policy
     old = torch.full((2, T), -1.0, dtype=torch.float64)
     logprobs = old.clone().requires_grad_()
-    surrogate = ops.ppo_policy_loss_per_token if p.importance_ratio == "token" else ops.sequence_ratio_policy_loss
-    per_token, _ = surrogate(logprobs, old, ADVANTAGES, MASK, p.clip_eps, clip_eps_high=p.clip_eps_high)
-    trainer = SimpleNamespace(policy_args=p, max_tokens=cfg.generation.max_new_tokens)
-    OnlineTrainer.aggregate(trainer, per_token, MASK).backward()
+    # the loss the update builds from the run's options (the trainer's one loss function)
+    loss, _ = ops.ppo_loss(
+        loss_config(cfg, cfg.generation.max_new_tokens),
+        MASK,
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=ADVANTAGES,
+    )
+    loss.backward()
     return logprobs.grad
 
 

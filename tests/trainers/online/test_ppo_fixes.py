@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhfkit.accel.online import Networks
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_reward_model, load_tokenizer
 from rlhfkit.trainers.online import train
@@ -75,7 +76,7 @@ def test_value_model_starts_as_the_reward_model(thanks_task, tmp_path):
     response = tokenizer(" thanks we will help")["input_ids"]
     ids = torch.tensor([prompt + response])
     with torch.no_grad():
-        values = actor_critic(ids, torch.ones_like(ids), len(response), part="value")[1][0]  # [T]
+        values = actor_critic(ids, torch.ones_like(ids), len(response), networks=Networks.VALUE).values[0]  # [T]
         prefixes = [ids[:, : len(prompt) + t] for t in range(len(response))]
         scores = [reward_model(input_ids=p, attention_mask=torch.ones_like(p)).logits[0, 0] for p in prefixes]
     torch.testing.assert_close(values, torch.stack(scores), rtol=0, atol=1e-5)

@@ -15,6 +15,7 @@ from rlhfkit.config.commands import SFTConfig
 from rlhfkit.data.collate import collate_sft
 from rlhfkit.data.encode import IGNORE_INDEX, encode_sft_counted
 from rlhfkit.data.lengths import report_rows
+from rlhfkit.data.readers import row_location
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import labelled_logprobs, next_token_logits
@@ -50,13 +51,13 @@ def encode_all(tokenizer, examples, data_args, path: str, model: str = "") -> li
         try:
             ids, labels, length = encode_sft_counted(tokenizer, ex, data_args.max_length, data_args.max_prompt_length)
         except (ValueError, TemplateError) as exc:  # the tokenizer's chat template rejects this conversation
-            raise UserError(f"{path}: row {i + 1}: field 'messages': {exc}") from None
+            raise UserError(f"{row_location(path, i)}: field 'messages': {exc}") from None
         items.append((ids, labels))
         full.append(length)
     for i, (_, labels) in enumerate(items):
         if all(label == IGNORE_INDEX for label in labels[1:]):
             raise UserError(
-                f"{path}: row {i + 1}: {full[i]} tokens, no completion tokens left after truncation to "
+                f"{row_location(path, i)}: {full[i]} tokens, no completion tokens left after truncation to "
                 f"{option('max_length', data_args.max_length)}"
             )
     if model:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from rlhfkit.config.online import ENSEMBLE_MODE_ALIASES, OnlineRewardArgs
+from rlhfkit.data.readers import row_location
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.ops import ensemble_reward
@@ -166,8 +167,7 @@ class FunctionReward:
         self.data_path = data_path
 
     def _where(self, batch: RewardBatch, i: int) -> str:
-        row = batch.rows[i] + 1 if batch.rows else i + 1
-        return f"{self.data_path}: row {row}"
+        return row_location(self.data_path, batch.rows[i] if batch.rows else i)
 
     def __call__(self, batch: RewardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(batch.completions)

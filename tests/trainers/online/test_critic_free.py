@@ -233,7 +233,7 @@ def test_rows_no_reward_applies_to_get_zero_advantage(task, tmp_path, monkeypatc
     [
         ("raises", r"prompts\.jsonl: rows .*: reward function 'raises' raised KeyError: 'answer'"),
         ("too_short", r"reward function 'too_short' returned 15 values for 16 completions"),
-        ("text", r"prompts\.jsonl: row \d+: reward function 'text' returned 'good', not a finite number or None"),
+        ("text", r"prompts\.jsonl: line \d+: reward function 'text' returned 'good', not a finite number or None"),
         ("missing", r"--reward-fn .*rewards\.py:missing: .*rewards\.py has no 'missing'"),
     ],
 )

@@ -19,6 +19,9 @@ same up to float rounding. Everything here asks ``enabled()`` (and ``choices``) 
 - The online trainers' kept heap (on the CPU with glibc) and the value model's passes apart from the policy's
   (``--value-pass-apart``): one object with hooks the trainer calls (``online.py``).
 
+``RLHFKIT_ACCEL_SKIP`` (a comma-separated list of ``PIECES``) leaves single pieces off under ``auto``: it is how
+``bench/accel_ab.py`` measures what each one buys; it does not change what a piece computes.
+
 Nothing here runs at import time.
 """
 
@@ -34,6 +37,23 @@ if TYPE_CHECKING:  # torch is imported where it is used: the CLI reads the switc
     from torch import nn
 
 SWITCH = "RLHFKIT_ACCEL"
+SKIP = "RLHFKIT_ACCEL_SKIP"
+PIECES = (
+    "fused_gelu",
+    "fused_rms_norm",
+    "swiglu_mlp",
+    "onednn_linears",
+    "packing",
+    "segment_attention",
+    "lean_decode",
+    "vocab_blocks",
+    "kept_heap",
+    "early_optimizer_state",
+    "value_pass_apart",
+    "value_pass_in_rollout",
+    "row_grad_embedding",
+    "fused_lora",
+)
 MODES = ("auto", "off")
 _OFF = ("0", "false", "off", "no")
 _RUN_ON_CPU = {"forced": False}  # set by ``switched`` from a command's --cpu
@@ -42,6 +62,22 @@ _RUN_ON_CPU = {"forced": False}  # set by ``switched`` from a command's --cpu
 def enabled() -> bool:
     """False under ``--accel off`` (``RLHFKIT_ACCEL`` set to 0 / false / off / no)."""
     return os.environ.get(SWITCH, "1").strip().lower() not in _OFF
+
+
+def skipped(piece: str) -> bool:
+    """Whether ``RLHFKIT_ACCEL_SKIP`` leaves ``piece`` (one of ``PIECES``) off; an unknown name is an error."""
+    if piece not in PIECES:
+        raise ValueError(f"unknown performance piece {piece!r}; known: {', '.join(PIECES)}")
+    named = {x.strip() for x in os.environ.get(SKIP, "").split(",") if x.strip()}
+    unknown = named - set(PIECES)
+    if unknown:
+        raise ValueError(f"{SKIP} names unknown pieces {sorted(unknown)}; known: {', '.join(PIECES)}")
+    return piece in named
+
+
+def on(piece: str) -> bool:
+    """The performance code is on (``enabled``) and ``RLHFKIT_ACCEL_SKIP`` does not leave ``piece`` off."""
+    return enabled() and not skipped(piece)
 
 
 def mode_from_environment() -> str:
@@ -95,12 +131,12 @@ def choices(device: torch.device | str | None = None) -> Choices:
     cpu = torch.device(device if device is not None else run_device()).type == "cpu"
     return Choices(
         kernel_swaps=True,
-        onednn_linears=cpu,
-        packing=cpu,
-        lean_decode=True,
-        vocab_blocks=True,
-        kept_heap=cpu,
-        value_pass_apart=cpu,
+        onednn_linears=cpu and not skipped("onednn_linears"),
+        packing=cpu and not skipped("packing"),
+        lean_decode=not skipped("lean_decode"),
+        vocab_blocks=not skipped("vocab_blocks"),
+        kept_heap=cpu and not skipped("kept_heap"),
+        value_pass_apart=cpu and not skipped("value_pass_apart"),
     )
 
 
@@ -131,8 +167,8 @@ def prepare_model(model: nn.Module) -> dict[str, int]:
     chosen = choices()
     swaps = chosen.kernel_swaps
     return {
-        "fused_gelu": kernels.fuse_activations(model) if swaps else 0,
-        "fused_rms_norm": kernels.fuse_rms_norms(model) if swaps else 0,
-        "swiglu_mlp": kernels.fuse_swiglu_mlps(model) if swaps else 0,
+        "fused_gelu": kernels.fuse_activations(model) if swaps and not skipped("fused_gelu") else 0,
+        "fused_rms_norm": kernels.fuse_rms_norms(model) if swaps and not skipped("fused_rms_norm") else 0,
+        "swiglu_mlp": kernels.fuse_swiglu_mlps(model) if swaps and not skipped("swiglu_mlp") else 0,
         "onednn_linear": onednn.fast_linears(model) if chosen.onednn_linears and onednn.onednn_ready() else 0,
     }

@@ -259,7 +259,9 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
     None where it does not apply: not fp32 on the
     CPU, oneDNN not ready, or no reorder in this torch build. Take it where the weight stays fixed over many
     calls (one sampling call) and read the layer again after it changes."""
-    if not fp32_cpu(weight, bias) or not onednn_ready():
+    from rlhfkit.accel import choices
+
+    if not fp32_cpu(weight, bias) or not choices(weight.device).onednn_linears or not onednn_ready():
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)

@@ -30,7 +30,7 @@ from enum import Enum
 import torch
 from torch import nn
 
-from rlhfkit.accel import choices, enabled
+from rlhfkit.accel import choices, on, skipped
 
 VALUE_PASS_SPLIT = 4  # the value model's pass apart runs in micro-batches this many times smaller
 
@@ -84,7 +84,8 @@ class OnlineAccel:
         self.value_model = value_model
         self.value_pass = ValuePass.JOINT
         if chosen.value_pass_apart and value_pass_apart and value_model is not None and single_process:
-            self.value_pass = ValuePass.IN_ROLLOUT if first_pass_reused and critic else ValuePass.APART
+            in_rollout = first_pass_reused and critic and not skipped("value_pass_in_rollout")
+            self.value_pass = ValuePass.IN_ROLLOUT if in_rollout else ValuePass.APART
 
     @property
     def value_apart(self) -> bool:
@@ -111,7 +112,7 @@ class OnlineAccel:
     def prepare(self, optimizer) -> None:
         """Once, after the optimizer is built (and wrapped): its moments made now, low in the kept heap below every
         step's short-lived tensors; the value model's embedding gradients sparse while they wait for the step."""
-        if self.keeps_heap:
+        if self.keeps_heap and not skipped("early_optimizer_state"):
             create_optimizer_state(optimizer)
         if self.value_pass is ValuePass.IN_ROLLOUT:
             sparse_embedding_grads(self.value_model)
@@ -180,7 +181,7 @@ def keep_freed_memory() -> bool:
     the previous one freed. The resident size then stays near its peak between phases; the peak itself is what
     the phases need at once, plus what fragmentation leaves unusable."""
     libc = _glibc()
-    if libc is None or not enabled() or _user_malloc_settings():
+    if libc is None or not on("kept_heap") or _user_malloc_settings():
         return False
     return all(
         libc.mallopt(param, value) == 1

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.accel import choices, forward_intercepted, segments
+from rlhfkit.accel import choices, forward_intercepted, segments, skipped
 from rlhfkit.accel.onednn import onednn_layers, padded_rows
 from rlhfkit.models.unwrap import base_model, without_ddp
 
@@ -231,7 +231,7 @@ class PackedBatch:
             or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
         ):
             return contextlib.nullcontext()
-        return segments.routed(self.allowed, self.segment_plan)
+        return segments.routed(self.allowed, None if skipped("segment_attention") else self.segment_plan)
 
     @functools.cached_property
     def segment_plan(self) -> segments.Segments | None:

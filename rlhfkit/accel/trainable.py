@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhfkit.accel import enabled
+from rlhfkit.accel import on
 from rlhfkit.accel.kernels import swap_classes
 from rlhfkit.accel.onednn import fp32_cpu
 
@@ -85,7 +85,7 @@ class RowGradEmbedding(nn.Embedding):
 def row_grad_embedding(model: nn.Module) -> int:
     """Swap the input embeddings of the causal LMs in ``model`` that are tied to their output head to
     ``RowGradEmbedding``; returns how many. For models whose gradients a trainer takes from ``.grad``."""
-    if not enabled():
+    if not on("row_grad_embedding"):
         return 0
     changed = 0
     for module in model.modules():
@@ -145,4 +145,4 @@ def _lora_swaps() -> dict[type, type]:
 def fuse_lora_linears(model: nn.Module) -> int:
     """Give the PEFT LoRA linear layers of ``model`` the in-place adapter sum (fp32 on the CPU, one plain adapter;
     otherwise PEFT's own forward); returns how many. Called by ``rlhfkit.models.lora.apply_lora``."""
-    return swap_classes(model, _lora_swaps()) if enabled() else 0
+    return swap_classes(model, _lora_swaps()) if on("fused_lora") else 0

@@ -79,3 +79,16 @@ def test_what_auto_means_on_each_device(monkeypatch):
     assert accel.enabled()
     with accel.switched("auto", cpu=True):
         assert accel.run_device().type == "cpu"
+
+
+def test_single_pieces_can_be_left_off_under_auto(monkeypatch):
+    monkeypatch.delenv(accel.SWITCH, raising=False)
+    monkeypatch.setenv(accel.SKIP, "packing, kept_heap")
+    cpu = accel.choices("cpu")
+    assert not cpu.packing and not cpu.kept_heap and cpu.onednn_linears and cpu.vocab_blocks
+    assert accel.skipped("packing") and not accel.skipped("fused_lora") and accel.on("fused_lora")
+    monkeypatch.setenv(accel.SKIP, "packing,warp_drive")
+    with pytest.raises(ValueError, match="unknown pieces \\['warp_drive'\\]"):
+        accel.choices("cpu")
+    with pytest.raises(ValueError, match="unknown performance piece"):
+        accel.skipped("warp_drive")

@@ -6,9 +6,9 @@ compiled decode step turned on, against the same run with everything on, in one 
     python bench/accel_ab.py --report bench/reported/accel_ab.json [--run TEXT]
 
 Rows: real_model.py's online rows (GRPO and PPO, full fine-tuning and LoRA r=16; 16 completions of 32 new tokens,
-fp32, the same settings, models and seed). Each round runs, per row, the baseline and then each variant, every run
-in its own subprocess started when the machine is quiet; a second round runs them in the reverse order, so a
-drift of the machine over the session does not favour one side. Seconds per step: the median of steps 2..N
+fp32, the same settings, models and seed). Each round runs, per row, the variants with a baseline run before every
+--base-every of them, every run in its own subprocess started when the machine is quiet; a second round runs them
+in the reverse order, so a drift of the machine over the session does not favour one side. Seconds per step: the median of steps 2..N
 (common.step_stats); peak memory: the run's peak RSS. A variant's effect is its change against the baseline's
 runs of the same row (the mean over rounds): positive means the piece helps (the run without it is slower or
 larger).
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows")
     ap.add_argument("--pieces", default="", help="comma-separated variants to run (default: all that apply)")
+    ap.add_argument("--base-every", type=int, default=3, help="a baseline run before every this many variants")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in every run (OMP_NUM_THREADS)")
     ap.add_argument("--max-load", type=float, default=0.7, help="start a run when fewer cores are busy (over 5 s)")
     ap.add_argument("--max-wait", type=float, default=30, help="seconds to wait for that before running anyway")
@@ -155,7 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         rows={},
     )
     for k in range(args.rounds):
-        plan = [(row, v) for row in rows for v in [""] + [v for v in variants(row) if not pieces or v in pieces]]
+        plan = []
+        for row in rows:
+            chosen = [v for v in variants(row) if not pieces or v in pieces]
+            for i, variant in enumerate(chosen):
+                if i % args.base_every == 0:
+                    plan.append((row, ""))
+                plan.append((row, variant))
         for row, variant in plan if k % 2 == 0 else reversed(plan):
             gate = grpo_vs_trl.machine_quiet(args.max_load, args.max_wait, log)
             r = run(row, variant, models, data, work, args.steps, args.seed)

@@ -242,10 +242,10 @@ def merge(config=None, /, **options: Any) -> Result:
 
 def iterate(config=None, /, **options: Any) -> Result:
     """Iterated RLHF (``rlhfkit iterate``): ``model`` (the SFT model), ``data`` (prompts), ``output_dir``,
-    ``judge`` (``"FILE.py:NAME"`` or ``"human"``) and ``reward_model`` or ``prefs`` required; e.g. ``rounds``,
-    ``pairs_per_round``, ``rm_steps``, ``max_steps`` (PPO steps per round) and every option of ``ppo``.
-    ``metrics`` is the run's summary (per round: labels, the old reward model's accuracy on the new pairs,
-    reward, KL, gold)."""
+    ``judge`` (``"FILE.py:NAME"``, a function, ``"human"`` or a task's raters, ``"support"``) and
+    ``reward_model`` or ``prefs`` required; e.g. ``rounds``, ``pairs_per_round``, ``rm_steps``, ``max_steps``
+    (PPO steps per round) and every option of ``ppo``. ``metrics`` is the run's summary (per round: labels, the
+    old reward model's accuracy on the new pairs, reward, KL, gold)."""
     summary, resolved = _run("iterate", config, **options)
     return Result(Path(resolved["output_dir"]), dict(summary))
 

@@ -21,8 +21,9 @@ class IterateArgs:
     judge: str = ""
     """Who labels each round's pairs: FILE.py:NAME (in Python also the function itself), a function
     prefer(prompts, completions, **kwargs) -> list[int] where completions[i] is the pair [a, b] and the answer
-    0 (a is better), 1 (b is better) or -1 (no preference: the pair is dropped); or 'human': the pairs go to a
-    labelling page (as `rlhfkit label`'s) and the round waits for the labels."""
+    0 (a is better), 1 (b is better) or -1 (no preference: the pair is dropped); 'human': the pairs go to a
+    labelling page (as `rlhfkit label`'s) and the round waits for the labels; or a built-in task's simulated
+    raters by name ('support': the noisy rule that labelled the support task's pairs, seeded with --seed)."""
     prefs: str = ""
     """Preference pairs (prompt, chosen, rejected) to train the first reward model on (from --model) when no
     --reward-model is given; kept in every round's reward-model data."""
@@ -91,8 +92,11 @@ class IterateConfig(PPOConfig):
                 f"give {option('reward_model')} (the reward model to start from) or {option('prefs')} (pairs to "
                 "train it on first)"
             )
-        if not callable(it.judge) and it.judge != HUMAN and ":" not in it.judge:
-            raise UserError(f"{option('judge', it.judge)}: give FILE.py:NAME or 'human'")
+        from rlhfkit.tasks import rater_tasks
+
+        if not callable(it.judge) and it.judge != HUMAN and ":" not in it.judge and it.judge not in rater_tasks():
+            names = ", ".join(f"'{n}'" for n in rater_tasks())
+            raise UserError(f"{option('judge', it.judge)}: give FILE.py:NAME, 'human', or a task's raters ({names})")
         if it.guidelines and not Path(it.guidelines).is_file():
             raise UserError(f"{it.guidelines}: {option('guidelines')} file does not exist")
         if not 0 <= self.serve.port <= 65535:

@@ -133,6 +133,9 @@ class AdvantageArgs:
     """GAE lambda."""
     whiten_advantages: bool = True
     """Normalise gae / sequence advantages to mean 0, std 1 over the batch (the group estimators scale their own)."""
+    whiten_rewards: bool = False
+    """gae / sequence: divide the per-token rewards (the KL penalty included) by their std over the batch's
+    tokens before the advantages, their mean kept (Huang et al. 2024), so the value targets keep one scale."""
     num_generations: int = 1
     """Completions sampled per prompt (G); the rows of a group are contiguous, and --batch-size counts completions."""
     scale_rewards: Literal["group", "batch", "none"] = "group"

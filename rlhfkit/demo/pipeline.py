@@ -1,4 +1,5 @@
-"""`rlhfkit demo`: init-model -> SFT -> reward model -> PPO (KL on) -> PPO (beta = 0) -> DPO -> evaluation.
+"""`rlhfkit demo`: init-model -> SFT -> reward model -> PPO (KL on) -> PPO (beta = 0) -> DPO -> iterated PPO ->
+evaluation.
 
 (``--task arithmetic`` runs ``rlhfkit.demo.arithmetic`` instead: SFT -> GRPO on a checkable reward; ``--task tools``
 runs ``rlhfkit.demo.tools``: SFT -> GRPO with a tool the policy learns to call.)
@@ -179,6 +180,24 @@ def begin(
     return out, data, stages
 
 
+def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: str) -> dict:
+    """Iterated PPO on the same number of preference labels as the reward model and DPO: the first half of the
+    offline pairs trains its first reward model, and the task's simulated raters (``--judge support``, the rule
+    that labelled those pairs) label the policy's own pairs for the other half, spread over the rounds."""
+    rows = Path(data["prefs_train"]).read_text(encoding="utf-8").splitlines(keepends=True)
+    half = len(rows) // 2
+    offline = out / "data" / "prefs_half.jsonl"
+    offline.write_text("".join(rows[:half]), encoding="utf-8")
+    rounds = int(flags.split("--rounds ")[1].split()[0])
+    per_round = run_plan.pairs_per_round or max(1, (len(rows) - half) // rounds)
+    return _run(
+        "iterate",
+        f"--model {out}/sft --prefs {offline} --data {data['prompts_train']} --eval-data {data['prompts_eval']} "
+        f"--judge support --gold-judge support --pairs-per-round {per_round} --output-dir {out}/iterated "
+        f"{flags} {common}",
+    )
+
+
 def run(cfg: DemoConfig) -> dict:
     if cfg.task in ("arithmetic", "tools"):
         from rlhfkit.demo import arithmetic, tools
@@ -196,7 +215,8 @@ def run(cfg: DemoConfig) -> dict:
     start = time.perf_counter()
     run_plan = plan(cfg.quick, cfg.model)
     settings = run_plan.settings
-    out, data, stages = begin(cfg, write_task_data, total=7 if cfg.model else 8, sizes=run_plan.sizes)
+    total = (7 if cfg.model else 8) + run_plan.iterated
+    out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
     stages.run(
@@ -241,6 +261,8 @@ def run(cfg: DemoConfig) -> dict:
                 f"--output-dir {out}/dpo {settings['dpo']} {common}",
             ),
         )
+        if run_plan.iterated:
+            stages.run("iterated PPO", lambda: run_iterated(out, data, settings["iterate"], run_plan, common))
     except BaseException:
         if job is not None:
             job.process.kill()
@@ -255,9 +277,12 @@ def run(cfg: DemoConfig) -> dict:
         prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
         gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
         results = {}
-        for name in ("sft", "ppo", "ppo_no_kl", "dpo"):
+        policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo")}
+        if run_plan.iterated:
+            policies["iterated"] = out / "iterated" / "final"
+        for name, policy in policies.items():
             metrics, rows = evaluate_policy(
-                str(out / name),
+                str(policy),
                 prompts,
                 gen,
                 reward_model=str(out / "rm"),

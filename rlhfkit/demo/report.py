@@ -10,7 +10,13 @@ from pathlib import Path
 
 from rlhfkit.tasks.support.prompts import customer_message
 
-MODELS = {"sft": "SFT", "ppo": "PPO (KL on)", "ppo_no_kl": "PPO (beta = 0)", "dpo": "DPO"}
+MODELS = {
+    "sft": "SFT",
+    "ppo": "PPO (KL on)",
+    "ppo_no_kl": "PPO (beta = 0)",
+    "dpo": "DPO",
+    "iterated": "iterated PPO",
+}
 # The top line of a --quick run's report (both tasks): its stages ran a few steps, so its numbers are noise.
 QUICK_RUN = (
     "**A quick run (`--quick`): every stage ran only a few steps, to check that the stages fit together. Its "
@@ -121,10 +127,17 @@ ABOUT = (
 )
 
 
-def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, float] | None = None) -> list[str]:
+def headline(
+    m: dict,
+    rm_acc: float,
+    ceiling: float,
+    no_kl_peak: tuple[int, float] | None = None,
+    rounds: list[float | None] | None = None,
+) -> list[str]:
     """The report's opening in plain words: what was trained (``ABOUT``), and what the numbers show.
-    ``no_kl_peak``: the (step, gold) at which the beta = 0 run's logged gold score peaked."""
-    gold = {n: m[n]["reward/gold"] for n in MODELS}
+    ``no_kl_peak``: the (step, gold) at which the beta = 0 run's logged gold score peaked; ``rounds``: iterated
+    PPO's reward-model accuracy on each round's new pairs before its update."""
+    gold = {n: m[n]["reward/gold"] for n in MODELS if n in m}
     hack = m["ppo_no_kl"]
     kl, kl_ppo = hack.get("kl/ref", float("nan")), m["ppo"].get("kl/ref", float("nan"))
 
@@ -169,7 +182,54 @@ def headline(m: dict, rm_acc: float, ceiling: float, no_kl_peak: tuple[int, floa
         + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
         f"reach {ceiling:.0%}, since the raters are noisy."
     )
+    if "iterated" in m:
+        shows += (
+            f" Iterated PPO, trained on as many labels (half of the offline pairs, then the raters' labels of its "
+            f"own replies round by round), {moved('iterated')}, to {gold['iterated']:.2f}."
+        )
+        if rounds:
+            accuracies = ", ".join("—" if a is None else f"{a:.0%}" for a in rounds)
+            shows += (
+                f" Before each round's update the reward model ranked the policy's new pairs as the raters did "
+                f"{accuracies} of the time, round by round."
+            )
     return [ABOUT, "", shows]
+
+
+def _iterated_rounds(run_dir: Path) -> list[dict]:
+    """Iterated PPO's rounds from its summary.json (labels, the reward model's accuracy on the new pairs before
+    and after its update, reward, KL, gold); empty when it did not run."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return []
+    keys = ("round", "labels", "rm_accuracy_new_pairs", "rm_accuracy_new_pairs_after_update", "reward", "kl", "gold")
+    return [{k: r.get(k) for k in keys} for r in json.loads(path.read_text())["rounds"]]
+
+
+def _iterated_table(rounds: list[dict]) -> list[str]:
+    if not rounds:
+        return []
+
+    def cell(value, spec=".3f") -> str:
+        return "—" if value is None else number(value, spec)
+
+    lines = [
+        "## Iterated PPO, round by round",
+        "",
+        "Each round the simulated raters label pairs of the current policy's replies; the reward model's accuracy "
+        "on them is measured before it trains on them (how well it predicted the raters on the policy's own "
+        "replies) and after; then PPO continues. Reward, KL and gold are the round's PPO at its last step.",
+        "",
+        "| round | new labels | RM accuracy before | after | reward | KL to SFT | gold |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rounds:
+        lines.append(
+            f"| {r['round']} | {r['labels']} | {cell(r['rm_accuracy_new_pairs'])} "
+            f"| {cell(r['rm_accuracy_new_pairs_after_update'])} | {cell(r['reward'], '.2f')} "
+            f"| {cell(r['kl'], '.2f')} | {cell(r['gold'], '.2f')} |"
+        )
+    return lines + [""]
 
 
 def write_report(
@@ -183,14 +243,19 @@ def write_report(
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
     m = {name: {**r["metrics"], "reward/gold_se": gold_standard_error(r["samples"])} for name, r in results.items()}
-    summary = {"quick": quick, "model": model or "built-in", **{f"gold/{n}": m[n].get("reward/gold") for n in MODELS}}
-    summary.update({f"gold_se/{n}": m[n]["reward/gold_se"] for n in MODELS})
-    summary.update({f"rm_score/{n}": m[n].get("reward/score") for n in MODELS})
-    summary.update({f"kl/{n}": m[n].get("kl/ref") for n in MODELS if n != "sft"})
-    summary.update({f"length/{n}": m[n].get("response/length") for n in MODELS})
-    summary.update({f"distinct2/{n}": m[n].get("response/distinct_2") for n in MODELS})
-    summary.update({f"names_product/{n}": m[n].get("names_product") for n in MODELS})
-    summary.update({f"mentions_product/{n}": m[n].get("mentions_product") for n in MODELS})
+    models = {n: label for n, label in MODELS.items() if n in m}
+    summary = {"quick": quick, "model": model or "built-in", **{f"gold/{n}": m[n].get("reward/gold") for n in models}}
+    summary.update({f"gold_se/{n}": m[n]["reward/gold_se"] for n in models})
+    summary.update({f"rm_score/{n}": m[n].get("reward/score") for n in models})
+    summary.update({f"kl/{n}": m[n].get("kl/ref") for n in models if n != "sft"})
+    summary.update({f"length/{n}": m[n].get("response/length") for n in models})
+    summary.update({f"distinct2/{n}": m[n].get("response/distinct_2") for n in models})
+    summary.update({f"names_product/{n}": m[n].get("names_product") for n in models})
+    summary.update({f"mentions_product/{n}": m[n].get("mentions_product") for n in models})
+    iterated = _iterated_rounds(out / "iterated")
+    if iterated:
+        summary["iterated/rounds"] = iterated
+    rounds = [r.get("rm_accuracy_new_pairs") for r in iterated]
     peak = gold_peak(_metrics(out / "ppo_no_kl"))
     if peak is not None:
         summary.update({"gold_peak/ppo_no_kl": peak[1], "gold_peak_step/ppo_no_kl": peak[0]})
@@ -209,7 +274,7 @@ def write_report(
     lines = [
         "# rlhfkit demo: customer-support replies",
         "",
-        *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak)),
+        *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak, rounds)),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
@@ -218,7 +283,7 @@ def write_report(
         "| distinct-2 | repetition |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for n, label in MODELS.items():
+    for n, label in models.items():
         x = m[n]
         kl = "—" if n == "sft" else number(x.get("kl/ref", float("nan")))
         lines.append(
@@ -226,7 +291,7 @@ def write_report(
             f"| {x.get('names_product', float('nan')):.2f} | {x.get('mentions_product', float('nan')):.2f} "
             f"| {x['response/length']:.1f} | {x['response/distinct_2']:.3f} | {x['response/repetition']:.3f} |"
         )
-    lines += kl_note([m[n].get("kl/ref", float("nan")) for n in MODELS if n != "sft"])
+    lines += kl_note([m[n].get("kl/ref", float("nan")) for n in models if n != "sft"])
     lines += [
         "",
         "*names the product*: of the replies that name a product (to a customer who named one), the share that "
@@ -238,6 +303,7 @@ def write_report(
         f"Reward model held-out accuracy: **{rm_acc:.3f}**, next to the label-noise ceiling **{ceiling:.3f}** "
         "(the accuracy of the raters' own rule, the gold judge, on the same noisy labels).",
         "",
+        *_iterated_table(iterated),
         "## Over-optimisation",
         "",
         "![PPO curves](ppo_curves.png)",
@@ -256,7 +322,7 @@ def write_report(
         prompt = " ".join(customer_message(results["sft"]["samples"][i]["prompt"]).split())
         lines.append(f"**{prompt}**")
         lines.append("")
-        for n, label in MODELS.items():
+        for n, label in models.items():
             s = results[n]["samples"][i]
             lines.append(f"- *{label}* (gold {s.get('gold', float('nan')):.2f}): {' '.join(s['response'].split())}")
         lines.append("")

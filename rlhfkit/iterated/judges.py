@@ -65,9 +65,14 @@ def _accepted(fn: Callable, columns: dict[str, list]) -> dict[str, list]:
     return {k: v for k, v in columns.items() if k in names}
 
 
-def load_judge(spec) -> Judge:
-    """The judge ``spec`` names: a function in a Python file, ``FILE.py:NAME``, or (through the Python API) a
+def load_judge(spec, seed: int = 0) -> Judge:
+    """The judge ``spec`` names: a function in a Python file, ``FILE.py:NAME``, a built-in task's simulated raters
+    by the task's name (``rlhfkit.tasks.rater_tasks``; seeded with ``seed``), or (through the Python API) a
     callable; checked to take ``(prompts, completions)``."""
+    from rlhfkit.tasks import get_task, rater_tasks
+
+    if isinstance(spec, str) and spec in rater_tasks():
+        return Judge(get_task(spec).raters(seed), spec)
     if callable(spec):
         name = getattr(spec, "__name__", type(spec).__name__)
         return _checked(spec, name, f"<python function {name}>")

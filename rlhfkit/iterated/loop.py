@@ -257,14 +257,18 @@ class Iteration:
     def run(self) -> dict:
         c, it = self.cfg, self.cfg.iterate
         examples = load_examples(c.data.data, "prompt", COMMAND)
-        judge = HUMAN if it.judge == HUMAN else load_judge(it.judge)
+        judge = HUMAN if it.judge == HUMAN else load_judge(it.judge, c.run.seed)
         if it.prefs:
             load_examples(it.prefs, "preference", COMMAND)  # every row checked before anything is trained
         started = [p for p in self.out.glob("round-*") if p.is_dir()] if self.out.is_dir() else []
-        if started and not c.run.resume:
+        if started and c.run.overwrite_output_dir and not c.run.resume:
+            from rlhfkit.training.session import clear_output_dir
+
+            clear_output_dir(c, self.out)
+        elif started and not c.run.resume:
             raise UserError(
                 f"{self.out}: holds the rounds of an earlier run; continue it with {option('resume', True)} or "
-                f"give a new {option('output_dir')}"
+                f"give {option('overwrite_output_dir', True)} to replace them, or a new {option('output_dir')}"
             )
         self.out.mkdir(parents=True, exist_ok=True)
         save_config(c, self.out)

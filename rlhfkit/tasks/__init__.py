@@ -35,6 +35,8 @@ class Task:
     score_range: (lowest, highest) gold score.
     reward_functions: named rewards `fn(prompts, completions, **columns) -> list[float |
         None]`, each column of the prompt data a keyword list aligned with the prompts.
+    raters: for a task with preference data, `raters(seed)` -> a pairwise judge `prefer(prompts,
+        completions) -> list[int]` (TRL's convention) that labels like the task's simulated raters.
     """
 
     name: str
@@ -44,6 +46,7 @@ class Task:
     corpus_text: Callable[[], str]
     score_range: tuple[float, float]
     reward_functions: dict[str, RewardFunction] = field(default_factory=dict)
+    raters: Callable[[int], Callable[..., list[int]]] | None = None
 
 
 TASKS: dict[str, Task] = {
@@ -55,6 +58,7 @@ TASKS: dict[str, Task] = {
         corpus_text=support.corpus_text,
         score_range=(-3.0, 5.0),
         reward_functions={"gold": support.gold_reward},
+        raters=support.SimulatedRaters,
     ),
     "arithmetic": Task(
         name="arithmetic",
@@ -90,4 +94,9 @@ def get_judge(name: str) -> Callable[[str, str], float]:
     return get_task(name).judge
 
 
-__all__ = ["TASKS", "RewardFunction", "Task", "get_judge", "get_task"]
+def rater_tasks() -> list[str]:
+    """The tasks whose simulated raters can judge pairs (``rlhfkit iterate --judge NAME``)."""
+    return sorted(name for name, task in TASKS.items() if task.raters is not None)
+
+
+__all__ = ["TASKS", "RewardFunction", "Task", "get_judge", "get_task", "rater_tasks"]

@@ -15,7 +15,8 @@ from rlhfkit.cli.main import main
 from rlhfkit.data.text_stats import distinct_n, repetition_rate, text_stats
 from rlhfkit.trainers.online.monitor import HackingMonitor
 
-KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "kl/ppo", "kl/ppo_no_kl", "rm/eval_accuracy", "seconds")
+KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "gold/iterated", "kl/ppo", "kl/ppo_no_kl", "kl/iterated")
+KEYS += ("rm/eval_accuracy", "seconds")
 
 
 def console_lines(text: str) -> list[str]:
@@ -34,13 +35,22 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     for key in KEYS:
         assert isinstance(summary[key], float), key
     assert 0.5 < summary["rm/label_noise_ceiling"] < 1.0
-    for name in ("sft", "ppo", "ppo_no_kl", "dpo"):  # shares in [0, 1]; NaN when no reply named a product
+    for name in ("sft", "ppo", "ppo_no_kl", "dpo", "iterated"):  # shares in [0, 1]; NaN: no reply named one
         for key in (f"names_product/{name}", f"mentions_product/{name}"):
             value = summary[key]
             assert isinstance(value, float) and (value != value or 0.0 <= value <= 1.0), key
     assert set(summary["stage_load_average"]) == set(summary["stage_seconds"])
     report = (out / "report.md").read_text()
     assert "| PPO (beta = 0) |" in report and "label-noise ceiling" in report and "names the product" in report
+    # iterated PPO: half the offline labels, then the simulated raters on its own pairs, round by round
+    assert "| iterated PPO |" in report and "## Iterated PPO, round by round" in report
+    rounds = summary["iterated/rounds"]
+    assert [r["round"] for r in rounds] == [1, 2] and all(0 < r["labels"] <= 8 for r in rounds)
+    assert all(0.0 <= r["rm_accuracy_new_pairs"] <= 1.0 for r in rounds)
+    offline = (out / "data" / "prefs_train.jsonl").read_text().splitlines()
+    assert (out / "data" / "prefs_half.jsonl").read_text().splitlines() == offline[: len(offline) // 2]
+    iterate_config = yaml.safe_load((out / "iterated" / "config.yaml").read_text())
+    assert iterate_config["judge"] == "support" and iterate_config["model"] == str(out / "sft")
     assert report.splitlines()[2] == QUICK_RUN and report.splitlines()[4].startswith("**What this is.**")
     assert "What it shows" not in report and "over-optimisation)" not in report  # no conclusions from noise
     assert "-0.00" not in report
@@ -48,8 +58,8 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # the console: stage headers in the order the stages started, the same order as the report's stage times; the
     # child's whole log path; the report's path last
     console = console_lines(capsys.readouterr().err)
-    started = [m.group(1) for m in map(re.compile(r"demo \d/8: (.*?) ─").search, console) if m]
-    assert started[4:7] == ["PPO without KL (beta = 0)", "PPO (KL penalty on)", "DPO"]
+    started = [m.group(1) for m in map(re.compile(r"demo \d/9: (.*?) ─").search, console) if m]
+    assert started[4:8] == ["PPO without KL (beta = 0)", "PPO (KL penalty on)", "DPO", "iterated PPO"]
     assert started == list(summary["stage_seconds"])
     log = (out / "ppo_no_kl.log").resolve()
     assert f"in a child process beside the next stages; its log: {log}" in console

@@ -153,7 +153,7 @@ def test_options_are_checked(iterate_task, tmp_path):
     base = dict(model=t["sft"], data=t["prompts"], output_dir=str(tmp_path / "out"))
     with pytest.raises(UserError, match="reward_model.*prefs"):
         rlhfkit.iterate(**base, judge=t["judge"])
-    with pytest.raises(UserError, match="FILE.py:NAME or 'human'"):
+    with pytest.raises(UserError, match="FILE.py:NAME, 'human', or a task's raters"):
         rlhfkit.iterate(**base, judge="judge.py", prefs=t["prefs"])
     with pytest.raises(UserError, match="rounds must be > 0"):
         rlhfkit.iterate(**base, judge=t["judge"], prefs=t["prefs"], rounds=0)

@@ -269,3 +269,34 @@ def test_product_naming_by_hand():
     shares = product_naming_shares(prompts, replies)
     # 4 replies to a prompt with a product: 3 name one, 2 of those the right one; the app prompt is left out
     assert shares == {"names_product": pytest.approx(2 / 3, abs=1e-12), "mentions_product": 0.75}
+
+
+def test_simulated_raters_label_policy_pairs_like_the_offline_pairs():
+    """The raters as a pairwise judge follow the rule that labelled the offline pairs: P(a) = sigmoid(Δgold / T),
+    seeded, and usable as `rlhfkit iterate --judge support`."""
+    import math
+
+    from rlhfkit.iterated.judges import load_judge
+    from rlhfkit.tasks.support import RATER_TEMPERATURE, SimulatedRaters, gold_score, make_preference_rows
+
+    rows = make_preference_rows("train", seed=3, n=600)
+    prompts = [r["prompt"] for r in rows]
+    pairs = [[r["chosen"], r["rejected"]] for r in rows]
+    answers = SimulatedRaters(seed=0)(prompts, pairs)
+    assert answers == SimulatedRaters(seed=0)(prompts, pairs) != SimulatedRaters(seed=1)(prompts, pairs)
+    assert set(answers) <= {0, 1}
+    # the share answering "a" matches the rule's expected share within sampling noise
+    expected = [
+        1 / (1 + math.exp(-(gold_score(p, a) - gold_score(p, b)) / RATER_TEMPERATURE)) for p, (a, b) in zip(prompts, pairs)
+    ]
+    share, mean = answers.count(0) / len(answers), sum(expected) / len(expected)
+    assert abs(share - mean) < 3 * math.sqrt(mean * (1 - mean) / len(answers)) + 1e-9
+    # a clearly better reply wins far more often than not, in either position
+    a_first = SimulatedRaters(seed=2)(prompts, pairs)
+    b_first = SimulatedRaters(seed=2)(prompts, [[b, a] for a, b in pairs])
+    clear = [i for i, e in enumerate(expected) if e > 0.9]
+    assert len(clear) > 50
+    assert sum(a_first[i] == 0 for i in clear) / len(clear) > 0.85
+    assert sum(b_first[i] == 1 for i in clear) / len(clear) > 0.85
+    judge = load_judge("support", seed=0)
+    assert judge(prompts[:20], pairs[:20]) == SimulatedRaters(seed=0)(prompts[:20], pairs[:20])

@@ -21,6 +21,7 @@ from .dataset import (
 from .judge import GoldBreakdown, gold_breakdown, gold_reward, gold_score
 from .products import product_naming, product_naming_shares
 from .prompts import format_prompt, make_prompts, parse_prompt
+from .raters import SimulatedRaters
 from .replies import ideal_reply, sample_reply
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "PRODUCTS",
     "RATER_TEMPERATURE",
     "GoldBreakdown",
+    "SimulatedRaters",
     "corpus_text",
     "format_prompt",
     "gold_breakdown",

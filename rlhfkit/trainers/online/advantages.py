@@ -33,6 +33,8 @@ def assign_rewards_and_advantages(
         rewards = ops.per_token_rewards(last, kl, mask, kl_coef) + early
     else:
         rewards = ops.per_token_rewards(last, torch.zeros_like(mask), mask, 0.0) + early
+    if cfg.advantage.whiten_rewards and cfg.needs_critic:
+        rewards = ops.masked_whiten(rewards, mask, shift_mean=False) * mask
     # 6. Advantages.
     advantages, returns = estimate_advantages(rewards, mask, r.values, cfg)
     if cfg.advantage.whiten_advantages and cfg.needs_critic:

@@ -29,17 +29,7 @@ from common import BENCH, Results, log, prepare, smollm2_models, step_stats
 from stamp import Stamp, summary
 
 ROWS = {"grpo": ("grpo", "full"), "ppo": ("ppo", "full"), "grpo-lora": ("grpo", "lora"), "ppo-lora": ("ppo", "lora")}
-EVERY_ROW = (
-    "fused_rms_norm",
-    "swiglu_mlp",
-    "onednn_linears",
-    "packing",
-    "segment_attention",
-    "lean_decode",
-    "vocab_blocks",
-    "kept_heap",
-    "early_optimizer_state",
-)
+EVERY_ROW = ("swiglu_mlp", "packing", "lean_decode", "vocab_blocks", "kept_heap")
 COMPILE = "compile_decode"  # the opt-in --compile-decode true, against its default (off)
 
 
@@ -47,12 +37,10 @@ def variants(row: str) -> list[str]:
     """The pieces that apply to ``row`` (SmolLM2 is a Llama: no GELU, so ``fused_gelu`` applies to no row)."""
     command, mode = ROWS[row]
     out = list(EVERY_ROW)
-    if mode == "full":
-        out.append("row_grad_embedding")  # the tied embedding is trained
-    else:
+    if mode == "lora":
         out.append("fused_lora")
     if command == "ppo" and mode == "full":
-        out += ["value_pass_apart", "value_pass_in_rollout"]  # a separate value model
+        out.append("value_pass_apart")  # a separate value model
     return out + [COMPILE]
 
 
@@ -65,9 +53,7 @@ def run(row: str, variant: str, models, data, work: Path, steps: int, seed: int)
     lr = real_model.LR[mode]
     if command == "grpo":
         flags = ["--lora-r", str(real_model.LORA_R)] if mode == "lora" else []
-        r = grpo_vs_trl.run_rlhfkit(
-            models, data, out, steps, lr, seed, env, variant == COMPILE, real_model.GRPO, flags
-        )
+        r = grpo_vs_trl.run_rlhfkit(models, data, out, steps, lr, seed, env, variant == COMPILE, real_model.GRPO, flags)
     else:
         lora_r = real_model.LORA_R if mode == "lora" else 0
         extra = ["--compile-decode", "true"] if variant == COMPILE else []

@@ -471,7 +471,60 @@ def real_gpu() -> list[str]:
     return [*table(header, out), "", *(wrap(n) for n in notes), sources(*runs)]
 
 
+PIECES_MACHINE = AVX2
+# What each piece of the performance code buys on SmolLM2 (bench/accel_ab.py): the pieces the code keeps, each
+# with the rows where it applies, and what the runs without it measured.
+PIECES = {
+    "packing": "sequence packing",
+    "lean_decode": "lean decode step",
+    "vocab_blocks": "block-wise vocabulary log-probs",
+    "value_pass_apart": "value model's pass apart",
+    "swiglu_mlp": "SwiGLU MLP keeping two activations less",
+    "fused_lora": "LoRA sum in place",
+    "kept_heap": "kept heap",
+}
+AB_ROWS = {"grpo": "GRPO full", "grpo-lora": "GRPO LoRA", "ppo": "PPO full", "ppo-lora": "PPO LoRA"}
+
+
+def ab_runs() -> tuple[dict, list[Run]]:
+    """Every run of bench/reported/accel_ab.json on PIECES_MACHINE by row and variant, over all its run keys."""
+    runs = [Run("accel_ab", PIECES_MACHINE, key) for key in load("accel_ab")["machines"][PIECES_MACHINE]]
+    merged: dict = {}
+    for run in runs:
+        for name, by_variant in run["rows"].items():
+            for variant, results in by_variant.items():
+                merged.setdefault(name, {}).setdefault(variant, []).extend(results)
+    return merged, runs
+
+
+def pieces() -> list[str]:
+    """Per kept piece and row: seconds per step and peak RSS with everything on (the baseline runs' mean) and with
+    that piece left off (its runs' mean), and the change."""
+    merged, runs = ab_runs()
+    out = []
+    for piece, label in PIECES.items():
+        for name, row_label in AB_ROWS.items():
+            by_variant = merged.get(name, {})
+            off, base = by_variant.get(piece), by_variant.get("base")
+            if not off or not base:
+                continue
+            b_step, o_step = (statistics.mean(r["step_s"] for r in x) for x in (base, off))
+            b_rss, o_rss = (statistics.mean(r["peak_rss_mb"] for r in x) for x in (base, off))
+            out.append(
+                [
+                    label,
+                    row_label,
+                    f"{b_step:.1f} / {o_step:.1f} ({o_step / b_step - 1:+.0%})",
+                    f"{b_rss:,.0f} / {o_rss:,.0f} ({o_rss / b_rss - 1:+.0%})",
+                    f"{len(base)} / {len(off)}",
+                ]
+            )
+    header = ["piece", "row", "s/step: on / off", "peak RSS MB: on / off", "runs"]
+    return [*table(header, out), "", sources(*runs)]
+
+
 TABLES: dict[str, Callable[[], list[str]]] = {
+    "pieces": pieces,
     "speed": speed,
     "speed_readme": lambda: speed(compact=True),
     "learning": learning,

@@ -5,10 +5,6 @@ out of ~8 separate tensor ops, each reading and writing the whole ``[B, L, 4H]``
 inputs for backward. PyTorch has the same formula as one kernel (``F.gelu(x, approximate="tanh")``); outputs
 agree to float rounding.
 
-Fused RMSNorm: Llama / Qwen2 / Qwen3 / Mistral RMSNorm modules normalise with ~6 separate ops in fp32;
-``F.rms_norm`` is one kernel with the same float operations (bitwise equal outputs and gradients in fp32 on the
-CPU).
-
 SwiGLU MLP: the Llama-family MLP ``down(silu(gate(x)) * up(x))`` keeps four ``[rows, intermediate]`` tensors for
 backward (``gate(x)``, ``silu(gate(x))``, ``up(x)`` and the product, ``down``'s input); the swapped MLP keeps
 ``gate(x)`` and ``up(x)`` only and makes the SiLU and the product again in its backward (two elementwise passes),
@@ -16,8 +12,8 @@ with the same float operations as autograd's (bitwise equal outputs and gradient
 ``swiglu_down`` for the product and a plain ``down`` projection together: two ``[rows, intermediate]``
 activations per layer fewer kept for backward.
 
-oneDNN fp32 linears: ``onednn.py``. Every swap changes module classes in memory only; weights, state-dict names
-and saved configs are untouched. The swaps for the models a trainer optimises are in ``trainable.py``.
+Every swap changes module classes in memory only; weights, state-dict names and saved configs are untouched. The
+swap for the models a trainer optimises is in ``trainable.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +25,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.accel import forward_intercepted
-from rlhfkit.accel.onednn import OneDNNLinear, fp32_cpu, onednn_applies, onednn_backward, onednn_forward
+
+
+def fp32_cpu(*tensors: torch.Tensor | None) -> bool:
+    """Whether the given tensors (None skipped) are float32 on the CPU, with the CPU's autocast off: where the
+    CPU-specific fp32 paths apply."""
+    return not torch.is_autocast_enabled("cpu") and all(
+        t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors if t is not None
+    )
 
 
 class TanhGELU(nn.Module):
@@ -71,18 +74,9 @@ def swap_classes(model: nn.Module, swaps: dict[type, type], where=lambda module:
     return changed
 
 
-def _fused_rms_norm(cls: type) -> type:
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fp32_cpu(x, self.weight):
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
-        return cls.forward(self, x)
-
-    return type(f"Fused{cls.__name__}", (cls,), {"forward": forward, "__module__": __name__})
-
-
 def _family_swaps(suffix: str, subclass) -> dict[type, type]:
     """{transformers' ``<Family><suffix>`` class: ``subclass(it)``} for Llama, Qwen2, Qwen3 and Mistral (the
-    families whose norm and MLP the swaps below reproduce), skipping a family this transformers lacks."""
+    families whose MLP the swap below reproduces), skipping a family this transformers lacks."""
     import importlib
 
     swaps: dict[type, type] = {}
@@ -93,19 +87,6 @@ def _family_swaps(suffix: str, subclass) -> dict[type, type]:
             continue
         swaps[cls] = subclass(cls)
     return swaps
-
-
-@functools.cache
-def _rms_norm_swaps() -> dict[type, type]:
-    """{transformers' RMSNorm class: its fused subclass} for the model families whose norm is
-    ``weight * (x * rsqrt(mean(x^2) + eps))`` computed in fp32 (Gemma's ``1 + weight`` is not one of them)."""
-    return _family_swaps("RMSNorm", _fused_rms_norm)
-
-
-def fuse_rms_norms(model: nn.Module) -> int:
-    """Give the RMSNorm modules of ``model`` the fused fp32 CPU kernel (see the module's docstring); returns how
-    many. Other dtypes and devices run the model's own forward."""
-    return swap_classes(model, _rms_norm_swaps(), lambda m: isinstance(getattr(m, "variance_epsilon", None), float))
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -148,18 +129,14 @@ def _silu_classes() -> tuple[type, ...]:
 class _SwiGLUDown(torch.autograd.Function):
     """``down(silu(gate) * up)`` for a plain linear ``down`` (weight ``[N, K]``), keeping ``gate`` and ``up`` (and
     the weight) for backward: the product ``h = silu(gate) * up``, which the weight's gradient needs, is made
-    again there, with the same float operations. The linear runs as the layer itself would (``onednn``: the
-    oneDNN path of ``linear_matmul``; else ``F.linear``), and its gradients are the ones autograd would give it."""
+    again there, with the same float operations; the gradients are the ones autograd would give the layer."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias, onednn: bool):
+    def forward(ctx, gate, up, weight, bias):
         h = F.silu(gate).mul_(up)
         ctx.save_for_backward(gate, up, weight)
-        ctx.onednn, ctx.has_bias = onednn, bias is not None
-        if not onednn:
-            return F.linear(h, weight, bias)
-        n, k = weight.shape
-        return onednn_forward(h.reshape(-1, k), weight.t(), bias).view(*h.shape[:-1], n)
+        ctx.has_bias = bias is not None
+        return F.linear(h, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -167,25 +144,21 @@ class _SwiGLUDown(torch.autograd.Function):
         h = F.silu(gate).mul_(up)
         n, k = weight.shape
         g, x = grad.reshape(-1, n), h.reshape(-1, k)
-        if ctx.onednn:
-            dx, dwt = onednn_backward(g, x, weight.t(), True, ctx.needs_input_grad[2])
-            dw = None if dwt is None else dwt.t()
-        else:  # autograd's products for a linear of a row-major input: g W and g^T x
-            dx = g.mm(weight)
-            dw = g.t().mm(x) if ctx.needs_input_grad[2] else None
+        dx = g.mm(weight)  # autograd's products for a linear of a row-major input: g W and g^T x
+        dw = g.t().mm(x) if ctx.needs_input_grad[2] else None
         dbias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
         d_gate, d_up = _swiglu_grads(dx.view(h.shape), gate, up, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return d_gate, d_up, dw, dbias, None
+        return d_gate, d_up, dw, dbias
 
 
 def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.Tensor:
-    """``down(swiglu(gate, up))``; where autograd records it and ``down`` is a plain ``nn.Linear`` (or its oneDNN
-    swap) of ``gate``'s dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps neither
-    ``silu(gate)`` nor the product (``down``'s input) for backward (see the module's docstring)."""
+    """``down(swiglu(gate, up))``; where autograd records it and ``down`` is a plain ``nn.Linear`` of ``gate``'s
+    dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps neither ``silu(gate)`` nor
+    the product (``down``'s input) for backward (see the module's docstring)."""
     records = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad or down.weight.requires_grad)
     if (
         not records
-        or type(down) not in (nn.Linear, OneDNNLinear)
+        or type(down) is not nn.Linear
         or forward_intercepted(down)
         or gate.shape != up.shape
         or gate.dtype != down.weight.dtype
@@ -193,9 +166,7 @@ def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.
         or torch.compiler.is_compiling()
     ):
         return down(swiglu(gate, up))
-    n, k = down.weight.shape
-    onednn = isinstance(down, OneDNNLinear) and onednn_applies(gate.numel() // k, k, n, gate, down.weight, down.bias)
-    return _SwiGLUDown.apply(gate, up, down.weight, down.bias, onednn)
+    return _SwiGLUDown.apply(gate, up, down.weight, down.bias)
 
 
 def _swiglu_mlp(cls: type) -> type:

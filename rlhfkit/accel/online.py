@@ -1,22 +1,18 @@
 """The online trainers' memory and performance choreography, behind one object with a few hooks.
 
 ``OnlineAccel`` is made once by ``rlhfkit.trainers.online.trainer.OnlineTrainer``, which calls it at fixed points
-of its step: ``prepare`` (once, after the optimizer is built), ``after_sampling`` and ``after_rollout``; and it
-reads ``value_pass`` to know how the value model's passes run. It applies what ``rlhfkit.accel.choices(device)``
-lists for the run's device (``kept_heap``, ``value_pass_apart``: the CPU's, under ``--accel auto``); under
-``--accel off``, or where they do not apply, it does nothing special: the heap is left to the allocator and the
-value model runs in one pass with the policy.
+of its step (``after_sampling``, ``after_rollout``) and asks it how the value model's passes run
+(``value_apart``, ``update_passes``). It applies what ``rlhfkit.accel.choices(device)`` lists for the run's device
+(``kept_heap``, ``value_pass_apart``: the CPU's, under ``--accel auto``); under ``--accel off``, or where they do
+not apply, it does nothing special: the heap is left to the allocator and the value model runs in one pass with
+the policy.
 
 What it does where they apply:
 - On the CPU, glibc's malloc keeps the memory freed tensors leave for the next tensors
-  (``keep_freed_memory``), and the optimizer's moments are made before the first step, at the bottom of the
-  kept heap (``create_optimizer_state``); where the heap cannot be kept, its free pages are handed back
-  between the step's phases (``release_freed_memory``).
+  (``keep_freed_memory``); where the heap cannot be kept, its free pages are handed back between the step's
+  phases (``release_freed_memory``).
 - A separate value model runs its forward and backward apart from the policy's, in smaller micro-batches, so
-  the two networks' activations are never held at once (``ValuePass.APART``); where the rollout's forward is
-  reused as epoch 1's, the value model's epoch-1 pass runs with the rollout, which saves its forward without
-  gradients (``ValuePass.IN_ROLLOUT``); its gradients then wait for the update's step as the looked-up rows of
-  its input embedding only (``sparse_embedding_grads``).
+  the two networks' activations are never held at once.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from enum import Enum
 import torch
 from torch import nn
 
-from rlhfkit.accel import choices, on, skipped
+from rlhfkit.accel import choices, on
 
 VALUE_PASS_SPLIT = 4  # the value model's pass apart runs in micro-batches this many times smaller
 
@@ -47,26 +43,12 @@ class Networks(Enum):
     """The separate value model alone (the log-probs and entropies come out None)."""
 
 
-class ValuePass(Enum):
-    """How a separate value model's forward and backward run in the update."""
-
-    JOINT = "joint"
-    """With the policy's, in one pass over both networks (and a separate no-grad pass for the rollout's values)."""
-    APART = "apart"
-    """After the policy's, in micro-batches ``VALUE_PASS_SPLIT`` times smaller."""
-    IN_ROLLOUT = "in_rollout"
-    """Apart, and epoch 1's pass runs with the rollout, its values the rollout's values."""
-
-
 class OnlineAccel:
     """The performance choices of one online-RL run and the hooks that apply them.
 
     ``device``: the run's device. ``value_model``: a separate value model (None for a value head or no critic).
     ``value_pass_apart``: the option asking for the value model's pass apart. ``single_process``: one process
-    without a sharding engine (several processes' gradient sync expects one backward per micro-batch).
-    ``first_pass_reused``: the rollout's forward with gradients stands in for epoch 1's (one minibatch).
-    ``critic``: the advantage estimator reads values, each row's returns from that row alone (then epoch 1's value
-    pass can run with the rollout, a chunk of rows at a time)."""
+    without a sharding engine (several processes' gradient sync expects one backward per micro-batch)."""
 
     def __init__(
         self,
@@ -75,22 +57,15 @@ class OnlineAccel:
         value_model: nn.Module | None,
         value_pass_apart: bool,
         single_process: bool,
-        first_pass_reused: bool,
-        critic: bool,
     ):
         chosen = choices(device)
         self.keeps_heap = chosen.kept_heap and keep_freed_memory()
         self.trims_heap = chosen.kept_heap and not self.keeps_heap
-        self.value_model = value_model
-        self.value_pass = ValuePass.JOINT
-        if chosen.value_pass_apart and value_pass_apart and value_model is not None and single_process:
-            in_rollout = first_pass_reused and critic and not skipped("value_pass_in_rollout")
-            self.value_pass = ValuePass.IN_ROLLOUT if in_rollout else ValuePass.APART
-
-    @property
-    def value_apart(self) -> bool:
-        """Whether the value model's passes run apart from the policy's."""
-        return self.value_pass is not ValuePass.JOINT
+        self.value_apart = bool(
+            chosen.value_pass_apart and value_pass_apart and value_model is not None and single_process
+        )
+        """Whether the value model's forward and backward run apart from the policy's (else one joint pass, and a
+        separate no-grad pass for the rollout's values)."""
 
     def value_rows(self, rows: int) -> int:
         """Rows of each of the value model's micro-batches when its pass runs apart on ``rows`` rows."""
@@ -101,21 +76,12 @@ class OnlineAccel:
         """The networks of the rollout's forward that stands in for epoch 1's."""
         return Networks.POLICY if self.value_apart else Networks.ALL
 
-    def update_passes(self, micro_rows: int, value_done: bool) -> list[tuple[Networks, int]]:
+    def update_passes(self, micro_rows: int) -> list[tuple[Networks, int]]:
         """The forward and backward passes of one minibatch, as (networks, rows per micro-batch): one joint pass;
-        or the policy's, then the value model's in smaller micro-batches unless ``value_done`` (it ran with the
-        rollout)."""
+        or the policy's, then the value model's in micro-batches ``VALUE_PASS_SPLIT`` times smaller."""
         if not self.value_apart:
             return [(Networks.ALL, micro_rows)]
-        return [(Networks.POLICY, micro_rows)] + ([] if value_done else [(Networks.VALUE, self.value_rows(micro_rows))])
-
-    def prepare(self, optimizer) -> None:
-        """Once, after the optimizer is built (and wrapped): its moments made now, low in the kept heap below every
-        step's short-lived tensors; the value model's embedding gradients sparse while they wait for the step."""
-        if self.keeps_heap and not skipped("early_optimizer_state"):
-            create_optimizer_state(optimizer)
-        if self.value_pass is ValuePass.IN_ROLLOUT:
-            sparse_embedding_grads(self.value_model)
+        return [(Networks.POLICY, micro_rows), (Networks.VALUE, self.value_rows(micro_rows))]
 
     def after_sampling(self) -> None:
         """After step 1: the sampler's key / value buffers are freed."""
@@ -191,61 +157,3 @@ def keep_freed_memory() -> bool:
             (_M_MMAP_MAX, 0),  # no tensor gets a mapping of its own (unless the heap cannot grow)
         )
     )
-
-
-# ---- the optimizer and the gradients ---------------------------------------------------------------------------
-
-
-def create_optimizer_state(optimizer) -> int:
-    """Have an Adam / AdamW ``optimizer`` (or accelerate's wrapper of one) create its per-parameter state, the
-    moments, now rather than at its first step; returns for how many parameters. Every value is then what the
-    first step would have created: one step with zero gradients, the learning rate and weight decay 0 (moments
-    0, parameters unchanged), then the step counts set back to 0.
-
-    Where freed memory stays in the process's heap (``keep_freed_memory``), tensors made early sit at its
-    bottom, and the step's short-lived ones reuse the space above them. Made at the first step instead, twice
-    the trainable parameters' size lands in the holes the first step's activations left, and the peak resident
-    size of later steps is higher."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
-    if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
-        return 0
-    params = [p for g in inner.param_groups for p in g["params"] if p.requires_grad and not inner.state.get(p)]
-    if not params or any(p.grad is not None or type(p.data) is not torch.Tensor for p in params):
-        return 0  # gradients already there, or sharded parameters (FSDP's DTensors): left to the first step
-    sizes: dict = {}  # one read-only zero buffer per dtype and device, shared by every parameter's gradient
-    for p in params:
-        sizes[p.dtype, p.device] = max(sizes.get((p.dtype, p.device), 0), p.numel())
-    zeros = {key: torch.zeros(n, dtype=key[0], device=key[1]) for key, n in sizes.items()}
-    settings = [(g["lr"], g["weight_decay"]) for g in inner.param_groups]
-    try:
-        for p in params:
-            p.grad = zeros[(p.dtype, p.device)][: p.numel()].view_as(p)
-        for g in inner.param_groups:
-            g["lr"], g["weight_decay"] = 0.0, 0.0
-        inner.step()
-    finally:
-        for g, (lr, weight_decay) in zip(inner.param_groups, settings):
-            g["lr"], g["weight_decay"] = lr, weight_decay
-        for p in params:
-            p.grad = None
-    for p in params:
-        state = inner.state[p]
-        if torch.is_tensor(state.get("step")):
-            state["step"].zero_()
-        elif "step" in state:
-            state["step"] = 0
-    return len(params)
-
-
-def sparse_embedding_grads(model: nn.Module) -> int:
-    """Give the input embeddings of ``model`` (plain ``nn.Embedding`` layers) sparse gradients: the looked-up
-    rows only, until ``rlhfkit.training.updates.step`` makes them dense (the optimizers take dense gradients).
-    Where a model's gradients are held for a while before the step (the value model's pass in the rollout), its
-    ``[vocab, hidden]`` gradient then holds only the looked-up rows until the step. Returns how many layers
-    changed."""
-    changed = 0
-    for module in model.modules():
-        if type(module) is nn.Embedding and module.max_norm is None and not module.sparse:
-            module.sparse = True
-            changed += 1
-    return changed

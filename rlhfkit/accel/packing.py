@@ -19,24 +19,22 @@ attends to that copy.
 In a causal LM's packed pass the LM head (a hidden x vocab matmul per position) runs on the positions whose
 logits are used only (``PackedBatch.causal_lm_outputs``), not on prompts or free positions.
 
-The price is attention over longer rows (``rows x width^2`` under the mask; ``PackedBatch.run`` runs it by
-segments where that is cheaper, ``rlhfkit.accel.segments``), so ``pack_batch`` picks the packing with the
-lowest estimated cost (``plan_rows`` for a set of sequences alone) and packs only when that saves at least
-``MIN_SAVING``. Packing needs the model to take a ready-made 4-D mask and position ids: the architectures in
-``PACKABLE_MODEL_TYPES`` (each checked against the padded forward in the tests) with ``sdpa`` or ``eager``
-attention.
+The price is attention over longer rows (``rows x width^2`` under the mask), so ``pack_batch`` picks the
+packing with the lowest estimated cost (``plan_rows`` for a set of sequences alone) and packs only when that
+saves at least ``MIN_SAVING``. Packing needs the model to take a ready-made 4-D mask and position ids: the
+architectures in ``PACKABLE_MODEL_TYPES`` (each checked against the padded forward in the tests) with ``sdpa`` or
+``eager`` attention.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from rlhfkit.accel import choices, forward_intercepted, segments, skipped
-from rlhfkit.accel.onednn import onednn_layers, padded_rows
+from rlhfkit.accel import choices, forward_intercepted
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
@@ -46,10 +44,7 @@ MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
 SPAN_PER_HIDDEN = 3
 # In 16-bit compute, row widths are rounded up to a multiple of this, so a run meets a handful of distinct
 # shapes: oneDNN's bf16 CPU matmuls build and cache a kernel per shape, so exact widths would grow that cache
-# over a run. In fp32 the linear layers bound their own shapes (``rlhfkit.accel.onednn.padded_rows``), so rows
-# are exactly as wide
-# as their longest load, or a few positions wider where that gives the oneDNN layers a row count they take
-# as it is (``_onednn_width``).
+# over a run. In fp32 rows are exactly as wide as their longest load.
 ROW_MULTIPLE = 8
 
 
@@ -63,17 +58,6 @@ def row_multiple(model, device: torch.device) -> int:
 
 def _row_width(loads: list[int], multiple: int) -> int:
     return -(-max(loads) // multiple) * multiple
-
-
-def _onednn_width(model, rows: int, width: int) -> int:
-    """``width``, or a little wider where that makes ``rows x width`` positions one of the row counts the
-    model's oneDNN linear layers run as they are (``onednn.padded_rows``): they would pad their input to that
-    count themselves, a zero-filled copy of it in every layer of every pass. The extra positions are free ones."""
-    if not onednn_layers(model):
-        return width
-    target = padded_rows(rows * width)
-    wider = -(-target // rows)
-    return wider if rows * wider == target else width
 
 
 def _config(model):
@@ -217,9 +201,8 @@ class PackedBatch:
 
     def run(self, module, model=None, **kwargs):
         """``module(**self.model_inputs(model), **kwargs)``: ``module`` (a model or its transformer stack) on the
-        packed rows, ``model`` (default ``module``) the one whose config the inputs follow. On the CPU its sdpa
-        attention runs by segments (``rlhfkit.accel.segments``) where that is cheaper, else over the whole rows
-        with grouped-query heads read in place (``segments.whole_rows``)."""
+        packed rows, ``model`` (default ``module``) the one whose config the inputs follow; its sdpa attention
+        reads grouped-query heads in place (``whole_rows``)."""
         model = module if model is None else model
         with self._attention(model):
             return module(**self.model_inputs(model), **kwargs)
@@ -231,14 +214,7 @@ class PackedBatch:
             or any(getattr(m, "gradient_checkpointing", False) for m in base_model(model).modules())
         ):
             return contextlib.nullcontext()
-        return segments.routed(self.allowed, None if skipped("segment_attention") else self.segment_plan)
-
-    @functools.cached_property
-    def segment_plan(self) -> segments.Segments | None:
-        """The attention's segments for these rows (``segments.plan``), made on first use."""
-        used = torch.zeros(self.input_ids.numel(), dtype=torch.bool, device=self.index.device)
-        used[self.index.reshape(-1)] = True  # flat position 0 (padding's index) always holds a token
-        return segments.plan(self.allowed, used.view(self.input_ids.shape))
+        return routed(self.allowed)
 
     def causal_lm_outputs(self, model, start: int, stop: int, hidden: bool = False):
         """Run causal LM ``model`` on the packed rows; its logits ``[B, stop-start, V]`` at the padded layout's
@@ -311,9 +287,7 @@ def pack_batch(
     cost, chunks, rows, chunk_lengths = best
     if not _pays_off(cost, B, mask.shape[1], span):
         return None
-    width = _onednn_width(
-        model, len(rows), _row_width([trunk + sum(chunk_lengths[c] for c in row) for row in rows], multiple)
-    )
+    width = _row_width([trunk + sum(chunk_lengths[c] for c in row) for row in rows], multiple)
     # Where each row's tokens go in the flat [R * C] layout: a trunk token to its packed row's copy of the trunk;
     # the others to its chunk's start, plus (for its response tokens) the responses of the chunk's earlier rows.
     chunk_start = [0] * len(chunks)
@@ -385,3 +359,54 @@ def prompt_first(
     ids[seq, dst] = input_ids[seq, col]
     out_mask[seq, dst] = 1
     return ids, out_mask, width, shift
+
+
+# ---- attention on packed rows ----------------------------------------------------------------------------------
+def whole_rows(mask: torch.Tensor, query, key, value, scaling: float | None) -> torch.Tensor:
+    """Attention over the whole packed rows under ``mask``, each key / value head read by its group of query
+    heads where there are fewer (grouped-query attention) instead of copied out to one per query head first, as
+    transformers' sdpa attention does under a mask: the copies would be kept for backward, (1 - 1/groups) of the keys'
+    and values' memory at ``groups`` query heads per key head. Outputs equal transformers' bit for bit; the keys' and
+    values' gradients sum the group's heads in another order. Returns ``[R, C, H, D]``."""
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return out.transpose(1, 2).contiguous()
+
+
+@contextlib.contextmanager
+def routed(mask: torch.Tensor):
+    """For the length of the block: transformers' sdpa attention, called with ``mask`` (the packed rows' own
+    mask tensor), runs as ``whole_rows``; any other call runs as before."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    stock = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        plain = (
+            attention_mask is None
+            or attention_mask.data_ptr() != mask.data_ptr()
+            or attention_mask.shape != mask.shape
+            or dropout
+            or kwargs.get("softcap") is not None
+            or kwargs.get("s_aux") is not None
+            or query.shape[2] != mask.shape[-2]
+            or key.shape[2] != mask.shape[-1]
+        )
+        if plain:
+            return stock(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return whole_rows(mask, query, key, value, scaling), None
+
+    local = getattr(ALL_ATTENTION_FUNCTIONS, "_local_mapping", None)
+    if not isinstance(local, dict):  # a transformers whose interface is built otherwise: the stock attention
+        yield
+        return
+    had_local = "sdpa" in local
+    local["sdpa"] = attention
+    try:
+        yield
+    finally:
+        if had_local:
+            local["sdpa"] = stock
+        else:
+            del local["sdpa"]

@@ -157,8 +157,7 @@ class CriticArgs:
     value_pass_apart: bool = True
     """With --value-model, in one process: run the value model's forward and backward apart from the policy's, in
     quarter-size micro-batches, so the two networks' activations are never held at once (less peak memory, the
-    same update). With one minibatch its first epoch runs with the rollout (one forward of the value model a step,
-    its gradients kept until the update's step); false, or with the performance code off: one joint pass."""
+    same update); false, or with the performance code off: one joint pass."""
 
 
 @dataclass

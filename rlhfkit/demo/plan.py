@@ -105,7 +105,14 @@ def plan(quick: bool, model: str = "") -> Plan:
             {"sft": 32, "sft_eval": 8, "prefs_train": 32, "prefs_eval": 16, "prompts_eval": 8} if pretrained else None
         )
         return Plan(
-            settings, sizes, 2, 1, value_model=not pretrained, parameters=parameters, iterated=not model, pairs_per_round=8
+            settings,
+            sizes,
+            2,
+            1,
+            value_model=not pretrained,
+            parameters=parameters,
+            iterated=not model,
+            pairs_per_round=8,
         )
     if pretrained:
         sizes = {"sft": 1200, "prefs_train": 1200, "prefs_eval": 400}

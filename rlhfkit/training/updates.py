@@ -28,11 +28,7 @@ def enable_gradient_checkpointing(*models: torch.nn.Module | None) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
-    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors). The model's
-    tied input embedding gets ``rlhfkit.accel``'s in-place gradient rows (the optimizer reads ``.grad``)."""
-    from rlhfkit.accel.trainable import row_grad_embedding
-
-    row_grad_embedding(model)
+    """AdamW over trainable parameters; no weight decay on biases and norm weights (1-D tensors)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -113,12 +109,8 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def step(accelerator, model, optimizer, scheduler, max_grad_norm: float) -> float:
-    """Clip, step, schedule, zero grads; returns the gradient norm before clipping. Sparse gradients (an
-    embedding's looked-up rows, ``rlhfkit.accel.online.sparse_embedding_grads``) are made dense first."""
+    """Clip, step, schedule, zero grads; returns the gradient norm before clipping."""
     params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is not None and p.grad.is_sparse:
-            p.grad = p.grad.to_dense()
     if max_grad_norm > 0:
         norm = accelerator.clip_grad_norm_(params, max_grad_norm)
     else:  # only for logging; one batched call rather than a norm per tensor

@@ -1,14 +1,13 @@
-"""The kernel swaps compute the same function, forward and backward: the fused tanh-GELU and RMSNorm, and the
-tied embedding whose gradient comes as rows."""
+"""The kernel swaps compute the same function, forward and backward: the fused tanh-GELU, the SwiGLU MLP and the
+in-place LoRA sum."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.accel.kernels import TanhGELU, fuse_activations, fuse_rms_norms
-from rlhfkit.accel.trainable import RowGradEmbedding, fuse_lora_linears, row_grad_embedding
+from rlhfkit.accel.kernels import TanhGELU, fuse_activations
+from rlhfkit.accel.trainable import fuse_lora_linears
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import save_pretrained
 
@@ -62,59 +61,6 @@ def _same_logits_and_gradients(plain, ours, ids) -> None:
     b.pow(2).mean().backward()
     for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
         assert torch.equal(p.grad, q.grad), name
-
-
-def test_fused_rms_norm_is_the_model_norm_bit_for_bit():
-    import copy
-
-    plain = _llama(tied=True)
-    ours = copy.deepcopy(plain)
-    assert fuse_rms_norms(ours) == 2 * 2 + 1  # two per layer and the final one
-    assert fuse_rms_norms(ours) == 0
-    for p in plain.parameters():
-        p.data.mul_(1 + 0.1 * torch.rand_like(p))  # norms' weights away from 1
-    ours.load_state_dict(plain.state_dict())
-    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
-    _same_logits_and_gradients(plain, ours, ids)
-    norm = ours.model.norm
-    x = torch.randn(4, 32).bfloat16()  # not fp32: the model's own forward, same dtype handling
-    assert torch.equal(norm.to(torch.bfloat16)(x), plain.model.norm.to(torch.bfloat16)(x))
-
-
-def test_tied_embedding_adds_its_rows_into_the_weights_gradient(monkeypatch):
-    import copy
-
-    plain = _llama(tied=True)
-    ours = copy.deepcopy(plain)
-    assert row_grad_embedding(ours) == 1 and isinstance(ours.model.embed_tokens, RowGradEmbedding)
-    assert row_grad_embedding(_llama(tied=False)) == 0  # untied: the default backward
-    ours.model.embed_tokens.padding_idx = plain.model.embed_tokens.padding_idx = 5  # no gradient for that row
-    attached = []  # per lookup: whether the weight went in attached to autograd (the default path)
-    embedding = torch.nn.functional.embedding
-    monkeypatch.setattr(
-        torch.nn.functional, "embedding", lambda *a, **k: attached.append(a[1].requires_grad) or embedding(*a, **k)
-    )
-    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
-    ids[0, :3] = 5
-    for _ in range(2):  # the second backward accumulates onto the first one's gradient
-        plain(input_ids=ids).logits.logsumexp(-1).mean().backward()
-        ours(input_ids=ids).logits.logsumexp(-1).mean().backward()
-    assert attached == [True, False, True, False], "the swapped lookup passes a detached weight"
-    for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-7), name
-    # a backward that never reaches the head: the rows alone, on a zero gradient
-    ours.zero_grad(set_to_none=True)
-    ours.model.embed_tokens(ids).sum().backward()
-    counts = torch.bincount(ids.flatten(), minlength=97).float()
-    counts[5] = 0
-    assert torch.equal(ours.model.embed_tokens.weight.grad.sum(1), counts * 32)
-    # without gradients, frozen, or a copy whose weight is no longer the head's: the default lookup
-    attached.clear()
-    with torch.no_grad():
-        ours(input_ids=ids)
-    copy.deepcopy(ours)(input_ids=ids).logits.sum().backward()
-    ours.requires_grad_(False)(input_ids=ids)
-    assert attached == [True, True, False]
 
 
 def test_lora_linears_add_the_adapters_in_place_as_peft_does(monkeypatch):
@@ -176,22 +122,14 @@ def _saved_bytes(mlp) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("via_onednn", [False, True])
-def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_two_tensors_less(monkeypatch, via_onednn):
-    """With plain linear layers and with their oneDNN swap: the same logits and gradients, and neither
-    ``silu(gate)`` nor ``silu(gate) * up`` (the down projection's input) kept for backward."""
+def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_two_tensors_less():
+    """The same logits and gradients, and neither ``silu(gate)`` nor ``silu(gate) * up`` (the down projection's
+    input) kept for backward."""
     import copy
 
-    from rlhfkit.accel import onednn
     from rlhfkit.accel.kernels import fuse_swiglu_mlps
-    from rlhfkit.accel.onednn import fast_linears
 
     plain = _llama(tied=False)
-    if via_onednn:
-        if not onednn.onednn_ready():
-            pytest.skip("oneDNN's fp32 linear is not usable here")
-        monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 0)  # the tiny model's products take it too
-        assert fast_linears(plain, measure=False) > 0
     ours = copy.deepcopy(plain)
     assert fuse_swiglu_mlps(ours) == 2  # one per layer
     assert fuse_swiglu_mlps(ours) == 0

@@ -3,12 +3,13 @@ gradients on every real token, for each architecture it is enabled for and both 
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 import torch
 
-from rlhfkit.accel import onednn, packing
+from rlhfkit.accel import packing
 from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
@@ -96,26 +97,6 @@ def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
         width16, longest16 = widths(policy)
     assert width16 % packing.ROW_MULTIPLE == 0 and longest16 <= width16 < longest16 + packing.ROW_MULTIPLE
     assert widths(policy.to(torch.bfloat16))[0] % packing.ROW_MULTIPLE == 0
-
-
-@pytest.mark.skipif(not onednn._onednn_available(), reason="this torch build has no oneDNN linear")
-def test_rows_widen_to_a_size_the_onednn_layers_take_unpadded(always_pack, monkeypatch):
-    """With linear layers swapped to oneDNN (which pad their input to ``padded_rows`` rows), the packed rows are
-    made a few positions wider where that makes the packed positions such a size; the outputs and gradients
-    stay the padded batch's."""
-    monkeypatch.setattr(onednn, "_ONEDNN", True)
-    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
-    ids, mask, T = ragged_batch(3, rows=9)
-    policy = causal_lm("llama", "sdpa")
-    exact = pack_batch(policy, ids, mask, PAD).input_ids.shape
-    assert onednn.fast_linears(policy, measure=False) > 0 and onednn.onednn_layers(policy)
-    packed = pack_batch(policy, ids, mask, PAD)
-    R, width = packed.input_ids.shape
-    assert R == exact[0] and onednn.padded_rows(R * exact[1]) != R * exact[1]  # this batch needs the widening
-    assert width > exact[1] and R * width == onednn.padded_rows(R * exact[1])
-    assert_packed_matches_padded(policy, ids, mask, T, packed)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not onednn.onednn_layers(policy)  # 16-bit compute takes the default path
 
 
 def test_packed_rows_keep_sequences_apart(always_pack):
@@ -611,3 +592,39 @@ def test_evaluation_kl_runs_packed_and_equals_the_padded_kl(always_pack, monkeyp
     assert len(packs) == 4
     assert min(abs(x) for x in padded) > 1e-3  # the two models differ on every response
     assert packed == pytest.approx(padded, abs=1e-4)
+
+
+@pytest.mark.usefixtures("always_pack")
+def test_packed_rows_read_grouped_keys_in_place(monkeypatch):
+    """The packed forward attends over its whole rows with the key / value heads read by their query heads'
+    groups, not copied out per query head: the padded forward's outputs and gradients, and for backward exactly
+    those copies' bytes fewer kept than transformers' own sdpa path."""
+    calls = []
+    whole = packing.whole_rows
+    monkeypatch.setattr(packing, "whole_rows", lambda *a: calls.append(1) or whole(*a))
+    policy = causal_lm("llama", "sdpa")
+    cfg = policy.config
+    ids, mask, P, T, _ = grouped_batch(7, groups=2, group_size=5, common=3)
+    packed = pack_batch(policy, ids, mask, PAD, prompt_width=P)
+    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert len(calls) == 2 * cfg.num_hidden_layers  # the actor-critic's pass and the reference's
+
+    def saved_bytes() -> int:
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            packed.run(policy.model).last_hidden_state.sum().backward()
+        return sum(seen.values())
+
+    ours = saved_bytes()
+    monkeypatch.setattr(type(packed), "_attention", lambda self, model: contextlib.nullcontext())
+    stock = saved_bytes()
+    R, C = packed.input_ids.shape
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    extra_heads = cfg.num_attention_heads - cfg.num_key_value_heads
+    copies = 2 * R * extra_heads * C * head_dim * 4  # keys and values beyond their own heads, fp32
+    assert extra_heads > 0 and stock - ours == cfg.num_hidden_layers * copies

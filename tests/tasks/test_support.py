@@ -287,7 +287,8 @@ def test_simulated_raters_label_policy_pairs_like_the_offline_pairs():
     assert set(answers) <= {0, 1}
     # the share answering "a" matches the rule's expected share within sampling noise
     expected = [
-        1 / (1 + math.exp(-(gold_score(p, a) - gold_score(p, b)) / RATER_TEMPERATURE)) for p, (a, b) in zip(prompts, pairs)
+        1 / (1 + math.exp(-(gold_score(p, a) - gold_score(p, b)) / RATER_TEMPERATURE))
+        for p, (a, b) in zip(prompts, pairs)
     ]
     share, mean = answers.count(0) / len(answers), sum(expected) / len(expected)
     assert abs(share - mean) < 3 * math.sqrt(mean * (1 - mean) / len(answers)) + 1e-9

@@ -243,7 +243,6 @@ class Experience:
     rollout: Rollout  # this process's rows
     everyone: Rollout  # every process's rows (``gather_rollout``), as steps 5-6 saw them
     first_pass: ActorCriticOutput | None  # epoch 1's forward, run with gradients in the rollout; else None
-    value_stats: dict[str, float] | None  # the value loss of the value model's epoch-1 pass run with the rollout
     metrics: dict[str, float]  # timings, reward components, zero-std groups, conversations
 
     @property

@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 from rlhfkit import ops
-from rlhfkit.accel.online import Networks, OnlineAccel, ValuePass
+from rlhfkit.accel.online import Networks, OnlineAccel
 from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
 from rlhfkit.config.online import OnlineConfig
 from rlhfkit.errors import UserError, option
@@ -105,10 +105,7 @@ class OnlineTrainer:
             value_model=value_model,
             value_pass_apart=critic is not None and critic.value_pass_apart,
             single_process=engines.engine(self.accelerator) == "single",
-            first_pass_reused=self.reuses_first_pass,
-            critic=cfg.needs_critic,
         )
-        self.accel.prepare(self.optimizer)
         models = [self.policy, ref_model, value_model.backbone if value_model is not None else None]
         self.pack_sequences = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
@@ -184,8 +181,7 @@ class OnlineTrainer:
     def score_tokens(self, c: Completions) -> tuple[ActorCriticOutput, torch.Tensor | None, ActorCriticOutput | None]:
         """Steps 3-4: the old log-probs and values ``[B, T]`` (masked to the policy's tokens), the reference's
         log-probs, and epoch 1's forward outputs when the rollout's pass stands in for it
-        (``reuses_first_pass``: then it runs with gradients; else None). With the value model's epoch-1 pass in
-        the rollout (``ValuePass.IN_ROLLOUT``) the values come later, from that pass."""
+        (``reuses_first_pass``: then it runs with gradients; else None)."""
         ids, attn, T = c.input_ids, c.attention_mask, c.response_ids.shape[1]
         first_pass = None
         with self.accelerator.autocast():
@@ -198,7 +194,7 @@ class OnlineTrainer:
                         ids, attn, T, self.gen.temperature, True, packed=packed, networks=networks
                     )
                 logprobs, values = first_pass.logprobs.detach(), _detach(first_pass.values)
-                if self.accel.value_pass is ValuePass.APART:
+                if self.accel.value_apart:
                     values = self.actor_critic(ids, attn, T, packed=packed, networks=Networks.VALUE).values
             else:
                 logprobs, values, _ = self.actor_critic(ids, attn, T, self.gen.temperature, packed=packed)
@@ -246,12 +242,7 @@ class OnlineTrainer:
         local = self.new_rollout(c, reward, batch, old, ref_logprobs)
         if local.engine_logprobs is not None:  # the sampling engine's view of the same tokens
             metrics["rollout/logprob_diff"] = float(ops.logprob_gap(old.logprobs, local.engine_logprobs, c.action_mask))
-        value_stats, value_backward_s = None, 0.0
-        if first_pass is not None and self.accel.value_pass is ValuePass.IN_ROLLOUT:
-            assign = lambda r: self.assign_rewards_and_advantages(r, {})  # noqa: E731
-            local, value_stats, value_backward_s = self.update.value_pass_in_rollout(local, assign)
-            metrics["time/update_s"] = value_backward_s  # the update's work, done here
-        metrics["time/forward_s"] = time.perf_counter() - phase_start - value_backward_s
+        metrics["time/forward_s"] = time.perf_counter() - phase_start
         # 5-6. Per-token rewards and advantages need the whole batch (group and batch statistics, whitening): with
         # several processes every rank gathers every rank's rows and computes them exactly as one process would,
         # then keeps its own.
@@ -270,7 +261,7 @@ class OnlineTrainer:
             returns=mine.returns[:, :T],
         )
         metrics["time/rollout_s"] = time.perf_counter() - step_start
-        return Experience(rollout, everyone, first_pass, value_stats, metrics)
+        return Experience(rollout, everyone, first_pass, metrics)
 
     def new_rollout(self, c: Completions, reward: RewardOutput, batch: PromptBatch, old, ref_logprobs) -> Rollout:
         """This process's rollout from steps 1-4; its rewards, advantages and returns are set by steps 5-6."""
@@ -307,14 +298,11 @@ class OnlineTrainer:
         # 1-6. Generate, reward, log-probs and values, per-token rewards and advantages.
         experience = self.make_rollout(batch)
         if not experience.finite:
-            self.optimizer.zero_grad(set_to_none=True)  # a value pass in the rollout left its gradients
             return self._skip("reward")
         self.accel.after_rollout()
         # 7. Epochs over minibatches.
         phase_start = time.perf_counter()
-        train_stats = self.update.train_epochs(
-            experience.rollout, self.kl_in_loss_coef, experience.first_pass, experience.value_stats
-        )
+        train_stats = self.update.train_epochs(experience.rollout, self.kl_in_loss_coef, experience.first_pass)
         experience.first_pass = None  # spent by epoch 1
         if train_stats is None:
             return self._skip("loss")
@@ -322,7 +310,7 @@ class OnlineTrainer:
         if self.engine is not None:
             self.engine.updated()  # the engine loads the new weights before it samples again
         metrics = experience.metrics
-        metrics["time/update_s"] = metrics.get("time/update_s", 0.0) + time.perf_counter() - phase_start
+        metrics["time/update_s"] = time.perf_counter() - phase_start
         # 8. Control and log: the experience metrics and beta's update come from the whole batch (the same on
         # every process); the loss terms and timings are averaged over processes.
         metrics = reduce_mean(self.accelerator, {**metrics, **train_stats})

@@ -5,7 +5,6 @@ its micro-batches, then one optimizer step."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -14,7 +13,6 @@ import torch
 from rlhfkit import ops
 from rlhfkit.accel.online import Networks, OnlineAccel
 from rlhfkit.config.online import OnlineConfig
-from rlhfkit.trainers.online.advantages import estimate_advantages
 from rlhfkit.trainers.online.policy import ActorCriticOutput
 from rlhfkit.trainers.online.rollout import Rollout
 from rlhfkit.training import updates
@@ -81,8 +79,8 @@ class LossNormaliser:
 
 
 class PPOUpdate:
-    """The epochs of clipped updates on one rollout (step 7), and the value model's epoch-1 pass when it runs
-    with the rollout (``OnlineAccel.value_pass``). ``forward(rows, networks)``: a teacher-forced pass with
+    """The epochs of clipped updates on one rollout (step 7), the value model's passes as ``OnlineAccel``
+    arranges them. ``forward(rows, networks)``: a teacher-forced pass with
     gradients over a ``Rollout``'s rows (log-probs, values, entropies); ``shuffle``: the minibatch order's
     generator."""
 
@@ -134,12 +132,10 @@ class PPOUpdate:
         rollout: Rollout,
         kl_coef: float | None,
         first_pass: ActorCriticOutput | None = None,
-        value_stats: dict | None = None,
     ) -> dict[str, float] | None:
         """Epochs over shuffled minibatches; returns the loss terms averaged over the updates, or None when a
         loss was not finite (no update was made then). ``first_pass``: the whole rollout's forward outputs,
-        which stand in for epoch 1's forward of its single minibatch; ``value_stats``: the value loss terms of
-        that minibatch's value pass, already run with the rollout (its gradients are in place)."""
+        which stand in for epoch 1's forward of its single minibatch."""
         B = rollout.scores.shape[0]
         mb_size = B // self.cfg.policy.num_minibatches
         sums: dict[str, float] = {}
@@ -150,9 +146,7 @@ class PPOUpdate:
             reuse = epoch == 0 and first_pass is not None
             for start in range(0, B, mb_size):
                 mb_index = order[start : start + mb_size]
-                stats = self.minibatch_backward(
-                    rollout, mb_index, kl_coef, first_pass if reuse else None, value_stats if reuse else None
-                )
+                stats = self.minibatch_backward(rollout, mb_index, kl_coef, first_pass if reuse else None)
                 if any_rank(self.accelerator, not math.isfinite(stats["loss/total"])):
                     self.optimizer.zero_grad(set_to_none=True)
                     return None
@@ -170,14 +164,13 @@ class PPOUpdate:
         mb_index: torch.Tensor,
         kl_coef: float | None,
         first_pass: ActorCriticOutput | None,
-        value_stats: dict | None,
     ) -> dict[str, float]:
         """The backward passes of one minibatch's loss (rows ``mb_index`` of ``rollout``), over its micro-batches
         and the passes ``OnlineAccel.update_passes`` arranges; returns its loss terms."""
         units = reduce_sum(self.accelerator, self.normaliser.units(rollout.loss_mask[mb_index]))
         micro_rows = len(mb_index) // self.cfg.optim.gradient_accumulation_steps
-        stats: dict[str, float] = dict(value_stats or {})
-        for networks, rows in self.accel.update_passes(micro_rows, value_done=value_stats is not None):
+        stats: dict[str, float] = {}
+        for networks, rows in self.accel.update_passes(micro_rows):
 
             def loss_fn(mb: Rollout, networks: Networks = networks):
                 outputs = None
@@ -193,38 +186,6 @@ class PPOUpdate:
             for key, value in updates.accumulate(self.accelerator, self.actor_critic, micro, loss_fn).items():
                 stats[key] = stats.get(key, 0.0) + value
         return stats
-
-    def value_pass_in_rollout(
-        self, r: Rollout, assign: Callable[[Rollout], Rollout]
-    ) -> tuple[Rollout, dict[str, float], float]:
-        """``ValuePass.IN_ROLLOUT``: the value model's forward and backward of epoch 1 on rollout ``r`` (values
-        still unset), a chunk of rows at a time, each chunk's returns from its own values as the estimator gives
-        them (per row), its value loss weighted by its share of the batch's loss units as in the update.
-        ``assign``: steps 5-6 on a rollout (its per-token rewards and loss mask; the values only enter the
-        estimator). Returns ``r`` with its values, the value loss terms (weighted the same way) and the seconds
-        its backward passes took (update work, timed as such)."""
-        plan = assign(replace(r, values=torch.zeros_like(r.action_mask, dtype=torch.float)))
-        units = self.normaliser.units(plan.loss_mask)
-        B = r.action_mask.shape[0]
-        size = self.accel.value_rows(B)
-        values, totals, backward_s = [], {}, 0.0
-        for start in range(0, B, size):
-            chunk = plan.select(torch.arange(start, min(start + size, B), device=r.action_mask.device))
-            chunk_mask = chunk.action_mask.float()
-            with torch.enable_grad(), self.accelerator.autocast():
-                v = self.forward(chunk, Networks.VALUE).values * chunk_mask
-                old = v.detach()
-                _, returns = estimate_advantages(chunk.rewards, chunk_mask, old, self.cfg)
-                chunk = replace(chunk, values=old, returns=returns)
-                loss, terms = self.loss(chunk, Networks.VALUE, None, ActorCriticOutput(None, v, None))
-                weight = self.normaliser.weight(chunk.loss_mask, units)
-                start_backward = time.perf_counter()
-                self.accelerator.backward(loss * weight)
-                backward_s += time.perf_counter() - start_backward
-            values.append(old)
-            for key, value in loss_metrics(terms, weight).items():
-                totals[key] = totals.get(key, 0.0) + value
-        return replace(r, values=torch.cat(values)), totals, backward_s
 
 
 def _select(x: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:

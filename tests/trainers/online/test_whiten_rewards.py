@@ -40,7 +40,9 @@ def rollout(values: bool) -> Rollout:
 
 
 def assigned(command: str, argv: str) -> Rollout:
-    required = "--model m --data d.jsonl --output-dir o " + ("--reward-model rm" if command == "ppo" else "--reward-fn arithmetic")
+    required = "--model m --data d.jsonl --output-dir o " + (
+        "--reward-model rm" if command == "ppo" else "--reward-fn arithmetic"
+    )
     cfg = parse_config(f"rlhfkit {command}", COMMANDS[command].config, f"{required} {argv}".split())[0]
     return assign_rewards_and_advantages(rollout(cfg.needs_critic), cfg, 0.1, cfg.needs_critic, {})
 
@@ -58,6 +60,9 @@ def test_whitened_rewards_keep_their_mean_and_have_unit_std_over_real_tokens():
 
 
 def test_critic_free_estimators_ignore_it():
-    plain, asked = assigned("grpo", "--num-generations 3"), assigned("grpo", "--num-generations 3 --whiten-rewards true")
+    plain, asked = (
+        assigned("grpo", "--num-generations 3"),
+        assigned("grpo", "--num-generations 3 --whiten-rewards true"),
+    )
     torch.testing.assert_close(plain.rewards, asked.rewards)
     torch.testing.assert_close(plain.advantages, asked.advantages)

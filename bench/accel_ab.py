@@ -29,7 +29,7 @@ from common import BENCH, Results, log, prepare, smollm2_models, step_stats
 from stamp import Stamp, summary
 
 ROWS = {"grpo": ("grpo", "full"), "ppo": ("ppo", "full"), "grpo-lora": ("grpo", "lora"), "ppo-lora": ("ppo", "lora")}
-EVERY_ROW = ("swiglu_mlp", "packing", "lean_decode", "vocab_blocks", "kept_heap")
+EVERY_ROW = ("swiglu_mlp", "onednn_linears", "packing", "lean_decode", "vocab_blocks", "kept_heap")
 COMPILE = "compile_decode"  # the opt-in --compile-decode true, against its default (off)
 
 

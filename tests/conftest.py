@@ -39,7 +39,7 @@ def tiny_corpus_lines() -> list[str]:
 # two spinning OpenMP threads per process on 2 cores make a run 5-10x slower.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # for the CLI subprocesses some tests start
-# What rlhfkit caches (rlhfkit.cache) goes to a folder of the test run's, not the user's cache.
+# The kernel timings' verdicts (rlhfkit.accel) go to a folder of the test run's, not the user's cache.
 os.environ.setdefault("RLHFKIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"rlhfkit-tests-{os.getuid()}"))
 
 

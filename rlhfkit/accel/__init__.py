@@ -7,7 +7,8 @@ same up to float rounding. Everything here asks ``enabled()`` (and ``choices``) 
 
 - ``prepare_model(model)``, called by every model loader: kernel swaps that compute the same function faster
   or in less memory (``kernels.py``: a fused tanh-GELU, a SwiGLU MLP that keeps two activations less for
-  backward).
+  backward) and, on the CPU, fp32 linear layers through oneDNN where a self-check shows oneDNN equal to the
+  default path and faster at that layer's shape (``onednn.py``).
 - ``trainable.fuse_lora_linears(model)``: a LoRA adapter's product added onto its base layer's output in
   place.
 - Sequence packing (``packing.py``, on the CPU): teacher-forced passes on packed rows with a block mask,
@@ -40,12 +41,12 @@ SKIP = "RLHFKIT_ACCEL_SKIP"
 PIECES = (
     "fused_gelu",
     "swiglu_mlp",
+    "onednn_linears",
     "packing",
     "lean_decode",
     "vocab_blocks",
     "kept_heap",
     "value_pass_apart",
-    "value_pass_in_rollout",
     "fused_lora",
 )
 MODES = ("auto", "off")
@@ -103,6 +104,7 @@ class Choices:
     """What ``--accel auto`` turns on for one device; all False under ``--accel off``."""
 
     kernel_swaps: bool  # fused GELU / SwiGLU modules: the same function, any device
+    onednn_linears: bool  # fp32 CPU linear layers through oneDNN
     packing: bool  # packed rows with a [R, 1, C, C] boolean block mask
     lean_decode: bool  # the decode step against preallocated key / value buffers
     vocab_blocks: bool  # log-probs and entropy a block of positions at a time, the LM head fused in
@@ -115,15 +117,16 @@ def choices(device: torch.device | str | None = None) -> Choices:
 
     On the CPU everything applies. On a GPU nothing fitted to the CPU does: no packing (a boolean block mask
     takes sdpa off its flash kernel, and the packing cost model was fitted to the CPU's sdpa), so batches stay
-    padded on the fused attention kernels; no kept heap, no value pass apart. The choices
+    padded on the fused attention kernels; no oneDNN layers, no kept heap, no value pass apart. The choices
     that hold on any device stay: the kernel swaps, the lean decode step, the block-wise vocabulary log-probs."""
     import torch
 
     if not enabled():
-        return Choices(False, False, False, False, False, False)
+        return Choices(False, False, False, False, False, False, False)
     cpu = torch.device(device if device is not None else run_device()).type == "cpu"
     return Choices(
         kernel_swaps=True,
+        onednn_linears=cpu and not skipped("onednn_linears"),
         packing=cpu and not skipped("packing"),
         lean_decode=not skipped("lean_decode"),
         vocab_blocks=not skipped("vocab_blocks"),
@@ -154,11 +157,12 @@ def forward_intercepted(*modules: nn.Module) -> bool:
 
 def prepare_model(model: nn.Module) -> dict[str, int]:
     """Apply the kernel swaps to a freshly loaded model; returns how many modules each swap changed."""
-    from rlhfkit.accel import kernels
+    from rlhfkit.accel import kernels, onednn
 
     chosen = choices()
     swaps = chosen.kernel_swaps
     return {
         "fused_gelu": kernels.fuse_activations(model) if swaps and not skipped("fused_gelu") else 0,
         "swiglu_mlp": kernels.fuse_swiglu_mlps(model) if swaps and not skipped("swiglu_mlp") else 0,
+        "onednn_linear": onednn.fast_linears(model) if chosen.onednn_linears and onednn.onednn_ready() else 0,
     }

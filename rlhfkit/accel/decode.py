@@ -125,9 +125,13 @@ class LeanDecoder:
         self.rope = None if self.gpt2 else sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self.length = _prefill_kv(prefill_cache, 0)[0].shape[2]  # columns filled: the prompt's P
         self.compiled = compiled_step() if compiled else None
-        # the compiled step traces the modules themselves (Inductor fuses PEFT's layers as they are)
-        self.projections = None if self.gpt2 or compiled else tuple(_layer_projections(layer) for layer in self.layers)
-        self.head = self.base.lm_head if self.projections is None else lean_projection(self.base.lm_head)
+        # the compiled step traces the modules themselves (Inductor fuses PEFT's layers as they are); the eager
+        # Llama / Qwen2 step runs fp32 CPU weights reordered for its row count (onednn.packed_linear)
+        rows = index.shape[0]
+        self.projections = (
+            None if self.gpt2 or compiled else tuple(_layer_projections(layer, rows) for layer in self.layers)
+        )
+        self.head = self.base.lm_head if self.projections is None else lean_projection(self.base.lm_head, rows)
         if self.compiled is not None:
             capacity = bucket_capacity(capacity)
             self.mask = torch.zeros(index.shape[0], capacity, dtype=torch.bool, device=index.device)
@@ -196,12 +200,16 @@ def _attend(keys, values, q, k, v, mask, scale: float, length: int | None, colum
     return out.reshape(batch, 1, heads * dim)  # the heads in order: kv head by kv head, a group's heads within
 
 
-def lean_projection(module):
+def lean_projection(module, rows: int = 0):
     """``module``, or where it is a PEFT LoRA layer applying plain LoRA (adapters on and not merged, no DoRA or
     other variant, no dropout active) a function giving the same output: the base layer's plus ``(x A^T)(s B)^T``
-    for each active adapter, with ``s B`` computed here, once. Read the adapters again after they change."""
+    for each active adapter, with ``s B`` computed here, once. Read the adapters again after they change.
+    ``rows``: the decode steps' row count, for a weight reordered once for it (``onednn.packed_linear``, fp32 on
+    the CPU: an ``nn.Linear`` without adapters, or the merged weight of one with adapters); 0 for none."""
     if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
-        return module
+        plain = type(module) in _plain_linears() and not forward_intercepted(module)
+        packed = _packed(module, module.weight, rows) if plain else None
+        return module if packed is None else packed
     active = [a for a in module.active_adapters if a in module.lora_A]
     plain = (
         not module.disable_adapters
@@ -214,7 +222,7 @@ def lean_projection(module):
     base = module.base_layer
     pairs = tuple((module.lora_A[a].weight, module.lora_B[a].weight * module.scaling[a]) for a in active)
     if _merge_here(base, pairs):
-        return _merged_projection(base, pairs)
+        return _merged_projection(base, pairs, rows)
 
     def projection(x: torch.Tensor) -> torch.Tensor:
         out = base(x)
@@ -235,9 +243,20 @@ def _merge_here(base, pairs) -> bool:
     )
 
 
-def _merged_projection(base, pairs):
+def _packed(module, weight: torch.Tensor, rows: int):
+    """``onednn.packed_linear`` of ``weight`` with ``module``'s bias for ``rows`` rows, or None (``rows`` 0)."""
+    from rlhfkit.accel.onednn import packed_linear
+
+    return packed_linear(weight, module.bias, rows) if rows else None
+
+
+def _merged_projection(base, pairs, rows: int = 0):
     """``x -> x (W + Σ s B A)^T + bias``: the adapters folded into a copy of the base weight (the model's own
-    weights untouched). Equal to the base output plus the adapters' products up to float rounding."""
+    weights untouched), reordered for ``rows`` rows where that applies (``_packed``), else run through the base
+    layer's kernel (oneDNN where the layer was swapped to it). Equal to the base output plus the adapters'
+    products up to float rounding."""
+    from rlhfkit.accel.onednn import OneDNNLinear, linear_matmul
+
     with torch.no_grad():
         # the first adapter's sum makes the copy (one pass over the weight); the model's weight stays as it is
         weight = base.weight.detach()
@@ -246,20 +265,31 @@ def _merged_projection(base, pairs):
                 weight = torch.addmm(weight, scaled_b.detach(), a.detach())
             else:
                 weight.addmm_(scaled_b.detach(), a.detach())
+    packed = _packed(base, weight, rows)
+    if packed is not None:
+        return packed  # (the merged copy is not kept)
     bias = None if base.bias is None else base.bias.detach()
+    onednn = isinstance(base, OneDNNLinear)
 
     def projection(x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, weight, bias)
+        y = linear_matmul(x, weight.t(), bias) if onednn else None
+        return F.linear(x, weight, bias) if y is None else y
 
     return projection
 
 
-def _layer_projections(layer) -> tuple:
-    """A Llama / Qwen2 layer's q, k, v and o projections as ``lean_projection`` gives them, and
+def _plain_linears() -> tuple[type, ...]:
+    from rlhfkit.accel.onednn import OneDNNLinear
+
+    return (torch.nn.Linear, OneDNNLinear)
+
+
+def _layer_projections(layer, rows: int = 0) -> tuple:
+    """A Llama / Qwen2 layer's q, k, v and o projections as ``lean_projection`` gives them (for ``rows`` rows), and
     its MLP: the module itself, or where its projections are not the modules, its forward over them."""
     attn, mlp = layer.self_attn, layer.mlp
-    q, k, v, o = (lean_projection(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-    gate, up, down = (lean_projection(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    q, k, v, o = (lean_projection(m, rows) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+    gate, up, down = (lean_projection(m, rows) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
     if (gate, up, down) == (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
         return q, k, v, o, mlp
     act = mlp.act_fn

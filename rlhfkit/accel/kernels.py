@@ -12,8 +12,8 @@ with the same float operations as autograd's (bitwise equal outputs and gradient
 ``swiglu_down`` for the product and a plain ``down`` projection together: two ``[rows, intermediate]``
 activations per layer fewer kept for backward.
 
-Every swap changes module classes in memory only; weights, state-dict names and saved configs are untouched. The
-swap for the models a trainer optimises is in ``trainable.py``.
+oneDNN fp32 linears: ``onednn.py``. Every swap changes module classes in memory only; weights, state-dict names
+and saved configs are untouched. The swap for the models a trainer optimises is in ``trainable.py``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.accel import forward_intercepted
-
-
-def fp32_cpu(*tensors: torch.Tensor | None) -> bool:
-    """Whether the given tensors (None skipped) are float32 on the CPU, with the CPU's autocast off: where the
-    CPU-specific fp32 paths apply."""
-    return not torch.is_autocast_enabled("cpu") and all(
-        t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors if t is not None
-    )
+from rlhfkit.accel.onednn import OneDNNLinear, onednn_applies, onednn_backward, onednn_forward
 
 
 class TanhGELU(nn.Module):
@@ -129,14 +122,18 @@ def _silu_classes() -> tuple[type, ...]:
 class _SwiGLUDown(torch.autograd.Function):
     """``down(silu(gate) * up)`` for a plain linear ``down`` (weight ``[N, K]``), keeping ``gate`` and ``up`` (and
     the weight) for backward: the product ``h = silu(gate) * up``, which the weight's gradient needs, is made
-    again there, with the same float operations; the gradients are the ones autograd would give the layer."""
+    again there, with the same float operations. The linear runs as the layer itself would (``onednn``: the
+    oneDNN path of ``linear_matmul``; else ``F.linear``), and its gradients are the ones autograd would give it."""
 
     @staticmethod
-    def forward(ctx, gate, up, weight, bias):
+    def forward(ctx, gate, up, weight, bias, onednn: bool):
         h = F.silu(gate).mul_(up)
         ctx.save_for_backward(gate, up, weight)
-        ctx.has_bias = bias is not None
-        return F.linear(h, weight, bias)
+        ctx.onednn, ctx.has_bias = onednn, bias is not None
+        if not onednn:
+            return F.linear(h, weight, bias)
+        n, k = weight.shape
+        return onednn_forward(h.reshape(-1, k), weight.t(), bias).view(*h.shape[:-1], n)
 
     @staticmethod
     def backward(ctx, grad):
@@ -144,21 +141,25 @@ class _SwiGLUDown(torch.autograd.Function):
         h = F.silu(gate).mul_(up)
         n, k = weight.shape
         g, x = grad.reshape(-1, n), h.reshape(-1, k)
-        dx = g.mm(weight)  # autograd's products for a linear of a row-major input: g W and g^T x
-        dw = g.t().mm(x) if ctx.needs_input_grad[2] else None
+        if ctx.onednn:
+            dx, dwt = onednn_backward(g, x, weight.t(), True, ctx.needs_input_grad[2])
+            dw = None if dwt is None else dwt.t()
+        else:  # autograd's products for a linear of a row-major input: g W and g^T x
+            dx = g.mm(weight)
+            dw = g.t().mm(x) if ctx.needs_input_grad[2] else None
         dbias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
         d_gate, d_up = _swiglu_grads(dx.view(h.shape), gate, up, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
-        return d_gate, d_up, dw, dbias
+        return d_gate, d_up, dw, dbias, None
 
 
 def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.Tensor:
-    """``down(swiglu(gate, up))``; where autograd records it and ``down`` is a plain ``nn.Linear`` of ``gate``'s
-    dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps neither ``silu(gate)`` nor
-    the product (``down``'s input) for backward (see the module's docstring)."""
+    """``down(swiglu(gate, up))``; where autograd records it and ``down`` is a plain ``nn.Linear`` (or its oneDNN
+    swap) of ``gate``'s dtype, outside autocast and ``torch.compile``, through ``_SwiGLUDown``, which keeps neither
+    ``silu(gate)`` nor the product (``down``'s input) for backward (see the module's docstring)."""
     records = torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad or down.weight.requires_grad)
     if (
         not records
-        or type(down) is not nn.Linear
+        or type(down) not in (nn.Linear, OneDNNLinear)
         or forward_intercepted(down)
         or gate.shape != up.shape
         or gate.dtype != down.weight.dtype
@@ -166,7 +167,9 @@ def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.
         or torch.compiler.is_compiling()
     ):
         return down(swiglu(gate, up))
-    return _SwiGLUDown.apply(gate, up, down.weight, down.bias)
+    n, k = down.weight.shape
+    onednn = isinstance(down, OneDNNLinear) and onednn_applies(gate.numel() // k, k, n, gate, down.weight, down.bias)
+    return _SwiGLUDown.apply(gate, up, down.weight, down.bias, onednn)
 
 
 def _swiglu_mlp(cls: type) -> type:

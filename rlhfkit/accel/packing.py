@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.accel import choices, forward_intercepted
+from rlhfkit.accel.onednn import onednn_layers, padded_rows
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2", "gpt_neox"})
@@ -44,7 +45,10 @@ MIN_SAVING = 0.05  # pack only when the estimated cost falls by at least 5%
 SPAN_PER_HIDDEN = 3
 # In 16-bit compute, row widths are rounded up to a multiple of this, so a run meets a handful of distinct
 # shapes: oneDNN's bf16 CPU matmuls build and cache a kernel per shape, so exact widths would grow that cache
-# over a run. In fp32 rows are exactly as wide as their longest load.
+# over a run. In fp32 the linear layers bound their own shapes (``rlhfkit.accel.onednn.padded_rows``), so rows
+# are exactly as wide
+# as their longest load, or a few positions wider where that gives the oneDNN layers a row count they take
+# as it is (``_onednn_width``).
 ROW_MULTIPLE = 8
 
 
@@ -58,6 +62,17 @@ def row_multiple(model, device: torch.device) -> int:
 
 def _row_width(loads: list[int], multiple: int) -> int:
     return -(-max(loads) // multiple) * multiple
+
+
+def _onednn_width(model, rows: int, width: int) -> int:
+    """``width``, or a little wider where that makes ``rows x width`` positions one of the row counts the
+    model's oneDNN linear layers run as they are (``onednn.padded_rows``): they would pad their input to that
+    count themselves, a zero-filled copy of it in every layer of every pass. The extra positions are free ones."""
+    if not onednn_layers(model):
+        return width
+    target = padded_rows(rows * width)
+    wider = -(-target // rows)
+    return wider if rows * wider == target else width
 
 
 def _config(model):
@@ -287,7 +302,9 @@ def pack_batch(
     cost, chunks, rows, chunk_lengths = best
     if not _pays_off(cost, B, mask.shape[1], span):
         return None
-    width = _row_width([trunk + sum(chunk_lengths[c] for c in row) for row in rows], multiple)
+    width = _onednn_width(
+        model, len(rows), _row_width([trunk + sum(chunk_lengths[c] for c in row) for row in rows], multiple)
+    )
     # Where each row's tokens go in the flat [R * C] layout: a trunk token to its packed row's copy of the trunk;
     # the others to its chunk's start, plus (for its response tokens) the responses of the chunk's earlier rows.
     chunk_start = [0] * len(chunks)

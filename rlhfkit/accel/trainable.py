@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.accel import on
-from rlhfkit.accel.kernels import fp32_cpu, swap_classes
+from rlhfkit.accel.kernels import swap_classes
+from rlhfkit.accel.onednn import fp32_cpu
 
 
 # ---- LoRA layers: the adapters' product added in place ----------------------------------------------------------

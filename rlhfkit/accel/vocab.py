@@ -5,7 +5,7 @@ formulas allocate several more of that size. ``logprobs`` and ``entropy`` take l
 ``CHUNK_ELEMENTS`` entries through ``rlhfkit.ops.vocab_chunks`` (the same values and gradients with one
 ``[rows, V]`` block alive at a time); ``head_logprobs`` goes further and never builds the logits: each block's
 ``h W^T`` is made, used and dropped, in the forward and again in the backward. On the CPU in fp32 its blocks are
-kept between calls (``_kept``).
+kept between calls (``_kept``) and its products may run through oneDNN (``HeadProduct``).
 
 ``RLHFKIT_VOCAB_CHUNK=N`` sets the block size in logits entries (0: the plain formulas); under ``--accel off``
 the plain formulas run whatever it says.
@@ -17,9 +17,10 @@ import os
 import threading
 
 import torch
+from torch import nn
 
-from rlhfkit.accel import choices
-from rlhfkit.accel.kernels import fp32_cpu
+from rlhfkit.accel import choices, onednn
+from rlhfkit.accel.onednn import fp32_cpu, pad_rows
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.vocab_chunks import chunked_entropy, chunked_logprobs
 
@@ -50,6 +51,22 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return entropy_from_logits(logits)
 
 
+class Product:
+    """How the LM head's block products ``a @ b`` run on the CPU in fp32: ``mm`` into a block kept between calls
+    (``_kept``). A kernel with a per-shape cost (oneDNN's: ``HeadProduct``) overrides both
+    methods: ``mm`` returns a new tensor, and ``rows(m)`` is the row count it wants a block of ``m`` rows padded to
+    (zero rows: their outputs are dropped, their gradients are zero)."""
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor, slot: int) -> torch.Tensor:
+        return torch.mm(a, b, out=_kept(slot, a.shape[0], b.shape[1])) if slot >= 0 else torch.mm(a, b)
+
+    def rows(self, m: int) -> int:
+        return m
+
+
+PLAIN = Product()
+
+
 class _HeadLogprobs(torch.autograd.Function):
     """The LM head and the log-probs (and entropy) together, a block of positions at a time: ``z = h W^T / τ``
     per block, never the whole ``[N, V]``. The backward recomputes each block's ``z`` and probabilities, and
@@ -59,17 +76,23 @@ class _HeadLogprobs(torch.autograd.Function):
 
     Each block's arithmetic runs in place on the block's logits and one block of probabilities: at a real
     vocabulary a ``[rows, V]`` block is large enough that the allocator maps it afresh (and the kernel zero-fills
-    it) each time one is allocated, so every temporary of that size costs a pass over new memory: on the CPU in
-    fp32 the blocks are kept between calls (``_kept``)."""
+    it) each time one is allocated, so every temporary of that size costs a pass over new memory. On the CPU in fp32
+    the products run through ``product`` (``Product``), the positions padded with zero rows to the block sizes it
+    wants."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool):
-        total, rows = hidden.shape[0], rows_per_chunk(weight.shape[0])
+    def forward(ctx, hidden, weight, labels, inv_temperature: float, with_entropy: bool, product: Product):
+        n = hidden.shape[0]
+        if not fp32_cpu(hidden, weight):
+            product = PLAIN
+        rows = product.rows(rows_per_chunk(weight.shape[0]))
+        total = n - n % rows + (product.rows(n % rows) if n % rows else 0)
+        hidden, labels = pad_rows(hidden, total), pad_rows(labels, total)
         lse = torch.empty(total, dtype=torch.float32, device=hidden.device)
         logprobs = torch.empty(total, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(total if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         for s in range(0, total, rows):
-            z = _logits(hidden[s : s + rows], weight, inv_temperature)
+            z = _logits(hidden[s : s + rows], weight, inv_temperature, product)
             top = z.amax(dim=-1, keepdim=True)
             label_logit = z.gather(-1, labels[s : s + rows, None]).squeeze(-1)
             z.sub_(top)  # z - max: exp cannot overflow
@@ -81,19 +104,27 @@ class _HeadLogprobs(torch.autograd.Function):
                 z.mul_(e)
                 entropy[s : s + rows] = sums.log() - z.sum(-1) / sums
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
-        ctx.inv_temperature, ctx.with_entropy, ctx.rows = inv_temperature, with_entropy, rows
-        return logprobs, entropy
+        ctx.inv_temperature, ctx.with_entropy, ctx.product, ctx.rows, ctx.n = (
+            inv_temperature,
+            with_entropy,
+            product,
+            rows,
+            n,
+        )
+        return logprobs[:n], entropy[:n]
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, labels, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        total, rows = hidden.shape[0], ctx.rows
+        total, rows, product = hidden.shape[0], ctx.rows, ctx.product
+        grad_logprobs = pad_rows(grad_logprobs, total)  # the padding rows' outputs were dropped: no gradient
+        grad_entropy = None if grad_entropy is None else pad_rows(grad_entropy, total)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = None
         for s in range(0, total, rows):
             h = hidden[s : s + rows]
-            logp = _logits(h, weight, ctx.inv_temperature).sub_(lse[s : s + rows, None])
+            logp = _logits(h, weight, ctx.inv_temperature, product).sub_(lse[s : s + rows, None])
             g = _exp(logp, rows)  # p, then d loss / dz in place
             g_lp = grad_logprobs[s : s + rows, None]
             if ctx.with_entropy and grad_entropy is not None:  # dH/dz = -p (log p + H); log p is finite here
@@ -105,8 +136,8 @@ class _HeadLogprobs(torch.autograd.Function):
             if ctx.inv_temperature != 1.0:
                 g.mul_(ctx.inv_temperature)  # through z = raw / τ
             g = g.to(hidden.dtype)
-            if need_hidden:
-                grad_hidden[s : s + rows] = g @ weight
+            if need_hidden:  # (a product other than PLAIN only runs in fp32: see forward)
+                grad_hidden[s : s + rows] = product.mm(g, weight, -1)
             if need_weight:  # the first block's product is the sum so far; no zero-filled [V, H] first
                 if grad_weight is None:
                     grad_weight = (g.T @ h).float()
@@ -114,14 +145,15 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_weight.addmm_(g.T, h)  # no [V, H] temporary per block
                 else:
                     grad_weight += (g.T @ h).float()
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+        grad_hidden = None if grad_hidden is None else grad_hidden[: ctx.n]
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float) -> torch.Tensor:
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: float, product: Product) -> torch.Tensor:
     """A block's ``hidden @ weight^T / τ`` as a float32 tensor the in-place steps may write: on the CPU in fp32
-    into a block kept between calls (``_kept``), else a new tensor."""
+    through ``product`` (by default into a block kept between calls, ``_kept``), else a new tensor."""
     if fp32_cpu(hidden, weight):
-        z = torch.mm(hidden, weight.T, out=_kept(0, hidden.shape[0], weight.shape[0]))
+        z = product.mm(hidden, weight.T, 0)
     else:
         z = hidden @ weight.T  # in the autocast dtype where autocast is on
         z = z.float() if z.dtype != torch.float32 else z
@@ -161,6 +193,7 @@ def head_logprobs(
     labels: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    product: Product = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` (and the entropy) under ``softmax(hidden @ weight^T / temperature)`` without building
     the logits: ``hidden [..., H]``, ``weight [V, H]`` (a bias-free LM head), ``labels [...]`` -> float32 ``[...]``
@@ -168,6 +201,26 @@ def head_logprobs(
     ``entropy_from_logits`` on the logits."""
     lead = labels.shape
     logprobs, entropy = _HeadLogprobs.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), 1.0 / temperature, with_entropy
+        hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1), 1.0 / temperature, with_entropy, product
     )
     return logprobs.view(lead), entropy.view(lead) if with_entropy else None
+
+
+class HeadProduct(Product):
+    """The LM head's block products for ``head_logprobs`` through oneDNN: ``[rows, H] @ [H, V]`` for the logits
+    and ``[rows, V] @ [V, H]`` for the gradient of the hidden states. Each block is padded to ``padded_rows`` rows
+    so a run meets a bounded set of kernel shapes (one per row count, kept by oneDNN)."""
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor, slot: int) -> torch.Tensor:
+        return onednn.mm(a, b)
+
+    def rows(self, m: int) -> int:
+        return onednn.padded_rows(m)
+
+
+def head_product(head: nn.Module) -> HeadProduct | None:
+    """``HeadProduct`` for an LM head whose fp32 CPU products take oneDNN here (a layer ``fast_linears`` swapped:
+    oneDNN measured faster at its shape); else None (the default products)."""
+    if isinstance(head, onednn.OneDNNLinear) and head.bias is None and onednn.onednn_ready():
+        return HeadProduct()
+    return None

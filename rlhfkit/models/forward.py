@@ -63,7 +63,7 @@ def labelled_logprobs(
     fused = fused_head(model, mask.numel())  # the logits the plain path would build
     if fused is None:
         return None
-    body, weight = fused
+    body, weight, product = fused
     packed = None
     if pack_sequences and can_pack(model):
         if response_mask is None:
@@ -76,7 +76,7 @@ def labelled_logprobs(
                 input_ids, attention_mask = ids, attn
                 mask = (attn.bool() & (columns >= width))[:, 1:]  # each row's labels, in the same order
     states = stack_states(model, body, input_ids, attention_mask, 0, input_ids.shape[1] - 1, packed)
-    return vocab.head_logprobs(states[mask], weight, input_ids[:, 1:][mask])[0]
+    return vocab.head_logprobs(states[mask], weight, input_ids[:, 1:][mask], product=product)[0]
 
 
 def sequence_logprobs(model, batch: SequenceBatch, pack_sequences: bool = False) -> torch.Tensor:
@@ -128,8 +128,9 @@ def stack_states(model, body, input_ids, attention_mask, start: int, stop: int, 
 
 
 def fused_head(model, n_rows: int):
-    """The transformer stack and the LM head's weight when the log-probs of ``n_rows`` positions should be taken
-    without building their logits (``rlhfkit.accel.vocab.head_logprobs``): when the block-wise path applies to those
+    """The transformer stack, the LM head's weight and the way its block products run (``vocab.Product``:
+    oneDNN's where the head was swapped to it) when the log-probs of ``n_rows`` positions should be taken without
+    building their logits (``rlhfkit.accel.vocab.head_logprobs``): when the block-wise path applies to those
     logits (``vocab.blocks_apply``) and the head is a plain bias-free linear layer; else None."""
     parts = split_head(model)
     if parts is None:
@@ -139,7 +140,7 @@ def fused_head(model, n_rows: int):
         return None  # e.g. a LoRA-adapted head: its own forward must run
     if not vocab.blocks_apply(n_rows * head.out_features, head.weight.device):
         return None
-    return body, head.weight
+    return body, head.weight, vocab.head_product(head) or vocab.PLAIN
 
 
 def response_token_stats(
@@ -165,10 +166,10 @@ def response_token_stats(
             logits = logits / temperature
         entropy = vocab.entropy(logits) if with_entropy else None
         return vocab.logprobs(logits, labels), entropy, states
-    body, weight = fused
+    body, weight, product = fused
     L = input_ids.shape[1]  # position t predicts token t + 1
     states = stack_states(model, body, input_ids, attention_mask, L - n_response - 1, L - 1, packed)
-    logprobs, entropy = vocab.head_logprobs(states, weight, labels, temperature, with_entropy)
+    logprobs, entropy = vocab.head_logprobs(states, weight, labels, temperature, with_entropy, product)
     return logprobs, entropy, states if hidden else None
 
 

@@ -1,6 +1,6 @@
 """``--accel auto`` trains as ``--accel off`` does, up to float rounding: sft, rm, dpo, ppo and grpo on a tiny
 Llama (SwiGLU, so the kernel swap applies), with the vocabulary blocks made small so the block-wise
-log-probs run, and on the CPU batches of varied lengths so packing runs.
+log-probs run, and on the CPU oneDNN's linear layers forced on and batches of varied lengths so packing runs.
 Each pair of runs is compared step by step (the logged metrics) and by the final weights (``update_apart``).
 
 The same tests run on a GPU with ``RLHFKIT_TEST_GPU=1`` (``bench/gpu_check.sh``), in fp32 with TF32 off; there
@@ -67,7 +67,10 @@ def reward_model(tiny_llama, tmp_path_factory):
 
 @pytest.fixture
 def used(monkeypatch, tiny_llama):
-    """Counts of the accelerated paths taken; the vocabulary blocks small enough for the tiny model's logits."""
+    """Counts of the accelerated paths taken; the vocabulary blocks small enough for the tiny model's logits and,
+    on the CPU, every linear layer through oneDNN where oneDNN works here."""
+    from rlhfkit.accel import onednn
+
     seen: Counter = Counter()
 
     def spy(owner, name, key):
@@ -93,6 +96,8 @@ def used(monkeypatch, tiny_llama):
     monkeypatch.setattr(rlhfkit.accel, "prepare_model", prepare_model)
     vocab_size = weights(tiny_llama)["model.embed_tokens.weight"].shape[0]
     monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", 3 * vocab_size)  # 3 positions a block
+    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 1)
+    monkeypatch.setattr(onednn, "onednn_faster", lambda in_features, out_features: True)
     return seen
 
 

@@ -3,6 +3,7 @@ in-place LoRA sum."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -122,14 +123,22 @@ def _saved_bytes(mlp) -> int:
     return sum(seen.values())
 
 
-def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_two_tensors_less():
-    """The same logits and gradients, and neither ``silu(gate)`` nor ``silu(gate) * up`` (the down projection's
-    input) kept for backward."""
+@pytest.mark.parametrize("via_onednn", [False, True])
+def test_swiglu_mlp_is_the_model_mlp_bit_for_bit_and_keeps_two_tensors_less(monkeypatch, via_onednn):
+    """With plain linear layers and with their oneDNN swap: the same logits and gradients, and neither
+    ``silu(gate)`` nor ``silu(gate) * up`` (the down projection's input) kept for backward."""
     import copy
 
+    from rlhfkit.accel import onednn
     from rlhfkit.accel.kernels import fuse_swiglu_mlps
+    from rlhfkit.accel.onednn import fast_linears
 
     plain = _llama(tied=False)
+    if via_onednn:
+        if not onednn.onednn_ready():
+            pytest.skip("oneDNN's fp32 linear is not usable here")
+        monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 0)  # the tiny model's products take it too
+        assert fast_linears(plain, measure=False) > 0
     ours = copy.deepcopy(plain)
     assert fuse_swiglu_mlps(ours) == 2  # one per layer
     assert fuse_swiglu_mlps(ours) == 0

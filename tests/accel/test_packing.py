@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from rlhfkit.accel import packing
+from rlhfkit.accel import onednn, packing
 from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
@@ -97,6 +97,26 @@ def test_row_width_is_exact_in_fp32_and_a_multiple_of_8_in_16_bit(always_pack):
         width16, longest16 = widths(policy)
     assert width16 % packing.ROW_MULTIPLE == 0 and longest16 <= width16 < longest16 + packing.ROW_MULTIPLE
     assert widths(policy.to(torch.bfloat16))[0] % packing.ROW_MULTIPLE == 0
+
+
+@pytest.mark.skipif(not onednn._onednn_available(), reason="this torch build has no oneDNN linear")
+def test_rows_widen_to_a_size_the_onednn_layers_take_unpadded(always_pack, monkeypatch):
+    """With linear layers swapped to oneDNN (which pad their input to ``padded_rows`` rows), the packed rows are
+    made a few positions wider where that makes the packed positions such a size; the outputs and gradients
+    stay the padded batch's."""
+    monkeypatch.setattr(onednn, "_ONEDNN", True)
+    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 1)  # these test shapes are small
+    ids, mask, T = ragged_batch(3, rows=9)
+    policy = causal_lm("llama", "sdpa")
+    exact = pack_batch(policy, ids, mask, PAD).input_ids.shape
+    assert onednn.fast_linears(policy, measure=False) > 0 and onednn.onednn_layers(policy)
+    packed = pack_batch(policy, ids, mask, PAD)
+    R, width = packed.input_ids.shape
+    assert R == exact[0] and onednn.padded_rows(R * exact[1]) != R * exact[1]  # this batch needs the widening
+    assert width > exact[1] and R * width == onednn.padded_rows(R * exact[1])
+    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not onednn.onednn_layers(policy)  # 16-bit compute takes the default path
 
 
 def test_packed_rows_keep_sequences_apart(always_pack):

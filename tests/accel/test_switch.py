@@ -68,8 +68,8 @@ def test_what_auto_means_on_each_device(monkeypatch):
     monkeypatch.delenv(accel.SWITCH, raising=False)
     cpu, cuda = accel.choices("cpu"), accel.choices("cuda")
     assert all(dataclasses.astuple(cpu))  # on the CPU every piece applies
-    # on a GPU nothing fitted to the CPU: padded batches on the fused attention kernels, no kept heap
-    assert not (cuda.packing or cuda.kept_heap or cuda.value_pass_apart)
+    # on a GPU nothing fitted to the CPU: padded batches on the fused attention kernels, no oneDNN, no kept heap
+    assert not (cuda.packing or cuda.onednn_linears or cuda.kept_heap or cuda.value_pass_apart)
     assert cuda.kernel_swaps and cuda.lean_decode and cuda.vocab_blocks
     with accel.switched("off"):
         assert not accel.enabled()
@@ -85,7 +85,7 @@ def test_single_pieces_can_be_left_off_under_auto(monkeypatch):
     monkeypatch.delenv(accel.SWITCH, raising=False)
     monkeypatch.setenv(accel.SKIP, "packing, kept_heap")
     cpu = accel.choices("cpu")
-    assert not cpu.packing and not cpu.kept_heap and cpu.value_pass_apart and cpu.vocab_blocks
+    assert not cpu.packing and not cpu.kept_heap and cpu.onednn_linears and cpu.vocab_blocks
     assert accel.skipped("packing") and not accel.skipped("fused_lora") and accel.on("fused_lora")
     monkeypatch.setenv(accel.SKIP, "packing,warp_drive")
     with pytest.raises(ValueError, match="unknown pieces \\['warp_drive'\\]"):

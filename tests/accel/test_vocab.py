@@ -38,12 +38,37 @@ def test_the_passes_switch_to_blocks_above_the_threshold_under_auto_only(small_b
         assert calls == []
 
 
+class PaddedProduct(vocab.Product):
+    """Block products into new tensors, each block padded to a multiple of 4 rows (as oneDNN's are to a few
+    sizes); records the row counts it was given."""
+
+    def __init__(self):
+        self.seen = []
+
+    def mm(self, a, b, slot):
+        self.seen.append(a.shape[0])
+        return torch.mm(a, b)
+
+    def rows(self, m):
+        return -(-m // 4) * 4
+
+
+def products():
+    from rlhfkit.accel.onednn import onednn_ready
+
+    return ["plain", "padded"] + (["onednn"] if onednn_ready() else [])
+
+
 @pytest.mark.filterwarnings("error::UserWarning")  # e.g. torch resizing a kept block it was given as out=
+@pytest.mark.parametrize("product", products())
 @pytest.mark.parametrize("with_entropy", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradients(
-    small_blocks, temperature, with_entropy
+    small_blocks, temperature, with_entropy, product
 ):
+    from rlhfkit.accel.vocab import HeadProduct
+
+    product = {"plain": vocab.PLAIN, "padded": PaddedProduct(), "onednn": HeadProduct()}[product]
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(3, 7, 16, generator=g, dtype=torch.float64)
     weight = torch.randn(97, 16, generator=g, dtype=torch.float64) * 0.5
@@ -54,7 +79,7 @@ def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradient
         h = hidden.clone().float().requires_grad_(True)
         w = weight.clone().float().requires_grad_(True)
         if fused:
-            lp, ent = head_logprobs(h, w, labels, temperature, with_entropy=with_entropy)
+            lp, ent = head_logprobs(h, w, labels, temperature, with_entropy=with_entropy, product=product)
         else:
             logits = (h.double() @ w.double().T) / temperature
             lp, ent = plain_logprobs(logits, labels), plain_entropy(logits) if with_entropy else None
@@ -64,11 +89,16 @@ def test_head_logprobs_never_build_the_logits_and_give_their_values_and_gradient
     fused = run(True)
     for got, want in zip(fused, run(False)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
-    lp, ent = head_logprobs(hidden.float(), weight.float(), labels, temperature)  # again: the blocks kept hold the
-    # last call's
+    lp, ent = head_logprobs(
+        hidden.float(), weight.float(), labels, temperature, product=product
+    )  # again: the kept blocks hold the last call's
     assert ent is None and torch.equal(lp.double(), fused[0])
-    lp, _ = head_logprobs(hidden[:1].float(), weight.float(), labels[:1], temperature, with_entropy)  # < a block
+    lp, _ = head_logprobs(
+        hidden[:1].float(), weight.float(), labels[:1], temperature, with_entropy, product
+    )  # fewer rows than a block
     torch.testing.assert_close(lp.double(), fused[0][:1].detach(), rtol=0, atol=1e-6)
+    if isinstance(product, PaddedProduct):  # 21 rows in blocks of 3 padded to 4: 5 full blocks, the last 1 -> 4
+        assert set(product.seen) == {4}
 
 
 def test_kept_blocks_are_each_threads_own_and_a_training_run_frees_them(tiny_model_dir, tmp_path, capsys, monkeypatch):

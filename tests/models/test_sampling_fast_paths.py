@@ -196,6 +196,50 @@ def test_lean_lora_projection_merges_its_adapters_into_a_copy_on_the_cpu(tok, mo
     assert_same_sampling(fast, sample_with_logits(policy, tok, prompts, args, 0, monkeypatch, lean_step=False), 1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_step_runs_weights_reordered_for_its_rows(arch, tok, monkeypatch):
+    """fp32 on the CPU, the Llama / Qwen2 step runs every projection and the LM head through weights reordered
+    once per sampling call for its row count (onednn.packed_linear), and samples what the model's forward does."""
+    from rlhfkit.accel import onednn
+
+    if not onednn.onednn_ready():
+        pytest.skip("oneDNN's linear is not usable in this torch build")
+    model = random_model(arch, tok)
+    packed = []
+    original = onednn.packed_linear
+    monkeypatch.setattr(
+        onednn, "packed_linear", lambda w, b, rows: packed.append((w.shape, rows)) or original(w, b, rows)
+    )
+    prompts = grpo_batch(tok, group=3)
+    args = GenerationArgs(max_new_tokens=12)
+    layers = lean.base_model(model).config.num_hidden_layers
+    torch.manual_seed(0)
+    sample_responses(model, tok, prompts, args, len(prompts), "cpu")
+    assert len(packed) == 7 * layers + 1 and {rows for _, rows in packed} == {len(prompts)}  # 7 per layer, the head
+    packed.clear()
+    fast = sample_with_logits(model, tok, prompts, args, 0, monkeypatch)  # a hook on the head: it runs as a module
+    assert len(packed) == 7 * layers
+    assert_same_sampling(fast, sample_with_logits(model, tok, prompts, args, 0, monkeypatch, lean_step=False), 1e-5)
+
+
+def test_packed_linear_equals_the_layer_and_applies_to_fp32_cpu_weights_only():
+    from rlhfkit.accel import onednn
+
+    if not onednn.onednn_ready():
+        pytest.skip("oneDNN's linear is not usable in this torch build")
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40)
+    for bias in (layer.bias, None):
+        linear = onednn.packed_linear(layer.weight, bias, 16)
+        for rows in (16, 5):  # the row count it was reordered for, and another
+            x = torch.randn(rows, 1, 24)
+            want = torch.nn.functional.linear(x, layer.weight, bias)
+            torch.testing.assert_close(linear(x), want, rtol=0, atol=1e-5)
+    assert onednn.packed_linear(layer.weight.bfloat16(), None, 16) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert onednn.packed_linear(layer.weight, None, 16) is None
+
+
 def test_lean_loop_stops_once_every_row_has_stopped(gpt2, tok, monkeypatch):
     eos = tok.eos_token_id
     likely_eos = gpt2.get_output_embeddings().register_forward_hook(
@@ -238,6 +282,24 @@ def decode_steps(model, tok, prompts, steps: int, compiled: bool) -> list[torch.
     return out
 
 
+def test_compiled_step_runs_layers_swapped_to_onednn(tok, monkeypatch):
+    """A real model's linears run through oneDNN (rlhfkit.accel.onednn); Inductor cannot lower that op for weights
+    that change, so inside the compiled step they take the default path, and the logits are the eager step's."""
+    from rlhfkit.accel import onednn
+
+    if not onednn.onednn_ready():
+        pytest.skip("oneDNN's fp32 linear is not usable in this torch build")
+    monkeypatch.setattr(onednn, "ONEDNN_MIN_MACS", 0)  # the tiny model's products too
+    model = random_model("llama", tok)
+    assert onednn.fast_linears(model, measure=False) > 0
+    prompts = grpo_batch(tok, group=2)
+    for t_eager, t_compiled in zip(
+        decode_steps(model, tok, prompts, 4, False), decode_steps(model, tok, prompts, 4, True)
+    ):
+        torch.testing.assert_close(t_compiled, t_eager, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_compiled_step_gives_the_eager_steps_logits_and_compiles_once(arch, tok):
     from torch._dynamo.utils import counters
 

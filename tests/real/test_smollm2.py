@@ -171,7 +171,7 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2, monkeypatch):
     """At V = 49,152 the LM head and the log-probs run together block by block (the [B, T, V] logits are never
     built): the same log-probs, entropies and gradient into the tied embedding as the plain computation."""
-    from rlhfkit.accel import vocab
+    from rlhfkit.accel import onednn, vocab
     from rlhfkit.models import forward
 
     tok, model = smollm2
@@ -186,6 +186,9 @@ def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2
         monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", block)
         fused = forward.fused_head(model, n * 2)
         assert (fused is not None) == (block < 1 << 62)
+        if fused is not None:  # a head swapped to oneDNN here runs its block products through it
+            swapped = isinstance(model.get_output_embeddings(), onednn.OneDNNLinear)
+            assert isinstance(fused[2], vocab.HeadProduct) == swapped
         model.zero_grad(set_to_none=True)
         lp, ent, _ = forward.response_token_stats(model, input_ids, attention_mask, n, 0.7, with_entropy=True)
         real = response_mask.bool()

@@ -480,6 +480,7 @@ PIECES = {
     "vocab_blocks": "block-wise vocabulary log-probs",
     "value_pass_apart": "value model's pass apart",
     "swiglu_mlp": "SwiGLU MLP keeping two activations less",
+    "onednn_linears": "oneDNN fp32 linears",
     "fused_lora": "LoRA sum in place",
     "kept_heap": "kept heap",
 }
@@ -498,28 +499,36 @@ def ab_runs() -> tuple[dict, list[Run]]:
 
 
 def pieces() -> list[str]:
-    """Per kept piece and row: seconds per step and peak RSS with everything on (the baseline runs' mean) and with
-    that piece left off (its runs' mean), and the change."""
+    """Per kept piece and row: how much slower (seconds per step) and larger (peak RSS) the runs with that piece
+    left off were than the baseline runs with everything on (their means), where the piece applies."""
     merged, runs = ab_runs()
     out = []
     for piece, label in PIECES.items():
-        for name, row_label in AB_ROWS.items():
+        cells = []
+        for name in AB_ROWS:
             by_variant = merged.get(name, {})
             off, base = by_variant.get(piece), by_variant.get("base")
             if not off or not base:
+                cells.append("—")
                 continue
-            b_step, o_step = (statistics.mean(r["step_s"] for r in x) for x in (base, off))
-            b_rss, o_rss = (statistics.mean(r["peak_rss_mb"] for r in x) for x in (base, off))
-            out.append(
-                [
-                    label,
-                    row_label,
-                    f"{b_step:.1f} / {o_step:.1f} ({o_step / b_step - 1:+.0%})",
-                    f"{b_rss:,.0f} / {o_rss:,.0f} ({o_rss / b_rss - 1:+.0%})",
-                    f"{len(base)} / {len(off)}",
-                ]
-            )
-    header = ["piece", "row", "s/step: on / off", "peak RSS MB: on / off", "runs"]
+            step = statistics.mean(r["step_s"] for r in off) / statistics.mean(r["step_s"] for r in base) - 1
+            rss = statistics.mean(r["peak_rss_mb"] for r in off) / statistics.mean(r["peak_rss_mb"] for r in base) - 1
+            cells.append(f"{step:+.0%} / {rss:+.0%}")
+        out.append([label, *cells])
+    base = {name: by_variant.get("base", []) for name, by_variant in merged.items()}
+    out.append(
+        [
+            "*everything on: s/step, peak RSS MB*",
+            *(
+                f"{statistics.mean(r['step_s'] for r in base[n]):.1f} s, "
+                f"{statistics.mean(r['peak_rss_mb'] for r in base[n]):,.0f}"
+                if base.get(n)
+                else "—"
+                for n in AB_ROWS
+            ),
+        ]
+    )
+    header = ["left off", *(f"{label}: time / memory" for label in AB_ROWS.values())]
     return [*table(header, out), "", sources(*runs)]
 
 

@@ -1,7 +1,7 @@
 """rlhfkit's cache folder: ``$RLHFKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlhfkit``, else ``~/.cache/rlhfkit``.
 
 It holds what is slow to compute and safe to keep between runs: the CPU kernel timings' verdicts
-(``rlhfkit.accel.kernels``) and models de-quantised from ``.gguf`` files (``rlhfkit.models.gguf``).
+(``rlhfkit.accel.onednn``) and models de-quantised from ``.gguf`` files (``rlhfkit.models.gguf``).
 Deleting it costs only the time to compute them again.
 """
 

@@ -49,6 +49,7 @@ def test_check_fails_when_a_table_differs(tmp_path, capsys):
 def test_every_run_is_filed_under_its_stamp():
     files = sorted((BENCH / "reported").glob("*.json"))
     assert [f.name for f in files] == [
+        "accel_ab.json",
         "grpo_vs_trl.json",
         "loss_aggregation.json",
         "ppo_vs_trl.json",

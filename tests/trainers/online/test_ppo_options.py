@@ -265,8 +265,7 @@ def test_ref_model_sets_the_reference_of_the_kl_terms(thanks_task, tmp_path, lor
 def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, monkeypatch, minibatches):
     """A separate value model runs its forward and backward apart from the policy's (in quarter-size
     micro-batches), never beside it: the same metrics and weights, policy and value model, as one joint loss.
-    One minibatch reuses the rollout's forward for the policy, and the value model's epoch-1 pass runs in the
-    rollout: its forward then runs once per epoch, none without gradients."""
+    One minibatch reuses the rollout's forward for the policy; the value model's rollout pass runs alone."""
     from safetensors.torch import load_file
 
     from rlhfkit.accel.online import VALUE_PASS_SPLIT, Networks
@@ -298,8 +297,8 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     # with gradients the networks run apart; the rollout's pass without them runs both unless it is reused
     assert parts_apart.count(Networks.ALL) == (0 if minibatches == 1 else 2)
     assert parts_apart.count(Networks.VALUE) > parts_apart.count(Networks.POLICY) > 0
-    if minibatches == 1:  # 2 steps x 2 epochs x the quarters of one minibatch
-        assert parts_apart.count(Networks.VALUE) == 2 * 2 * VALUE_PASS_SPLIT
+    if minibatches == 1:  # 2 steps x (2 epochs x the quarters of one minibatch + the rollout's values)
+        assert parts_apart.count(Networks.VALUE) == 2 * (2 * VALUE_PASS_SPLIT + 1)
     assert set(parts_joint) == {Networks.ALL}
     for a, b in zip(rows_apart, rows_joint):
         for key in ("loss/policy", "loss/value", "loss/total", "value/mean", "kl/ref"):

@@ -61,8 +61,8 @@ def test_whitened_rewards_keep_their_mean_and_have_unit_std_over_real_tokens():
 
 def test_critic_free_estimators_ignore_it():
     plain, asked = (
-        assigned("grpo", "--num-generations 3"),
-        assigned("grpo", "--num-generations 3 --whiten-rewards true"),
+        assigned("grpo", "--num-generations 3 --batch-size 3"),
+        assigned("grpo", "--num-generations 3 --batch-size 3 --whiten-rewards true"),
     )
     torch.testing.assert_close(plain.rewards, asked.rewards)
     torch.testing.assert_close(plain.advantages, asked.advantages)

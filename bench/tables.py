@@ -268,6 +268,32 @@ def speed_rows(run: Run, benchmark: str, digits: int) -> list[list]:
     return rows
 
 
+def real_speed_rows(real: dict, runs: list[Run], machine: str) -> list[list]:
+    """The speed table's SmolLM2 rows of one machine's real-model runs."""
+    out = []
+    for name, benchmark in (("ppo", "PPO"), ("ppo-lora", "PPO"), ("grpo", "GRPO"), ("grpo-lora", "GRPO")):
+        if name not in real:
+            continue
+        mine, trl = real[name]["rlhfkit"], real[name]["trl"]
+        step_a, step_b = (mean_std([r["step_s"] for r in x])[0] for x in (mine, trl))
+        rss_a, rss_b = (mean_std([r["peak_rss_mb"] for r in x])[0] for x in (mine, trl))
+        params = runs[0]["models"]["params"] / 1e6
+        lora = ", LoRA r=16" if name.endswith("lora") else ""
+        out.append(
+            [
+                f"{benchmark} against {trl_name(trl)}",
+                f"SmolLM2-135M ({params:.1f}M){lora}",
+                cpu_label(machine),
+                len(mine),
+                f"{step_a:.1f}",
+                f"{step_b:.1f}",
+                f"**{step_b / step_a:.2f}×**",
+                f"{rss_a / rss_b:.2f}",
+            ]
+        )
+    return out
+
+
 def speed(compact: bool = False) -> list[str]:
     """TRL's mean seconds per step over rlhfkit's, per benchmark, model size and machine. ``compact``: the README's
     version, the real model's rows only, without the step times and the runs' names."""
@@ -279,27 +305,11 @@ def speed(compact: bool = False) -> list[str]:
         raise SystemExit("tables: the speed table compares fp32 runs")
     rows = speed_rows(ppo_avx512, "PPO", 2) + speed_rows(ppo_avx2, "PPO", 2) + speed_rows(grpo, "GRPO", 3)
     real, real_runs = real_rows()
-    for name, benchmark in (("ppo", "PPO"), ("ppo-lora", "PPO"), ("grpo", "GRPO"), ("grpo-lora", "GRPO")):
-        if name not in real:
-            continue
-        mine, trl = real[name]["rlhfkit"], real[name]["trl"]
-        step_a, step_b = (mean_std([r["step_s"] for r in x])[0] for x in (mine, trl))
-        rss_a, rss_b = (mean_std([r["peak_rss_mb"] for r in x])[0] for x in (mine, trl))
-        params = real_runs[0]["models"]["params"] / 1e6
-        lora = ", LoRA r=16" if name.endswith("lora") else ""
-        rows.append(
-            [
-                f"{benchmark} against {trl_name(trl)}",
-                f"SmolLM2-135M ({params:.1f}M){lora}",
-                cpu_label(REAL_MACHINE),
-                len(mine),
-                f"{step_a:.1f}",
-                f"{step_b:.1f}",
-                f"**{step_b / step_a:.2f}×**",
-                f"{rss_a / rss_b:.2f}",
-            ]
-        )
-    runs = (*runs, *real_runs)
+    rows += real_speed_rows(real, real_runs, REAL_MACHINE)
+    avx2_runs = [Run("real_model", AVX2, key) for key in REAL_AVX2_RUNS]
+    if not compact:
+        rows += real_speed_rows(real_rows(avx2_runs)[0], avx2_runs, AVX2)
+    runs = (*runs, *real_runs, *avx2_runs)
     header = ["benchmark", "model", "CPU", "seeds", "rlhfkit s/step", "TRL s/step", "speed-up", "peak RSS ÷ TRL's"]
     threads = sorted({run["machine"]["threads"] for run in runs})
     compiled = grpo["args"].get("compile_decode")
@@ -352,6 +362,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "809d538e981c --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "809d538e981c --steps 4 --repeats 3 --seed 3 --rows ppo",
 ]
+REAL_AVX2_RUNS = ["28f7ac0d1a87 --rows grpo,ppo,grpo-lora,ppo-lora --max-wait 20.0"]  # after the pruning
 REAL_LABELS = {
     "sft": "sft",
     "rm": "rm",
@@ -363,10 +374,10 @@ REAL_LABELS = {
 }
 
 
-def real_rows() -> tuple[dict, list[Run]]:
-    """Every row of the real-model runs by row name and framework, as a list of repeats: the runs' seeds together,
-    a later run's repeat replacing an earlier one of the same seed; and the runs."""
-    runs = [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
+def real_rows(runs: list[Run] | None = None) -> tuple[dict, list[Run]]:
+    """Every row of the real-model runs (default: REAL_RUNS) by row name and framework, as a list of repeats: the
+    runs' seeds together, a later run's repeat replacing an earlier one of the same seed; and the runs."""
+    runs = runs if runs is not None else [Run("real_model", REAL_MACHINE, key) for key in REAL_RUNS]
     by_seed: dict = {}
     for run in runs:
         for name, by_framework in run["rows"].items():

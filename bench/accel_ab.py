@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         results_file.print_report(Path(args.report), args.run, print_table)
         return
-    rows = [x.strip() for x in args.rows.split(",") if x.strip()]
-    unknown = [x for x in rows if x not in ROWS]
-    if unknown:
-        ap.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    rows = real_model.wanted_rows(ap, args.rows, [(name,) for name in ROWS]) or list(ROWS)
     pieces = [x.strip() for x in args.pieces.split(",") if x.strip()]
     stamp = Stamp()
     work, data, _ = prepare(args.threads, args.work_dir, None)

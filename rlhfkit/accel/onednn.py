@@ -4,8 +4,9 @@ PyTorch's CPU matmuls in fp32 go to MKL's sgemm. On some CPUs and shapes (AMD's,
 small model's vocabulary projection) oneDNN's fp32 kernels run the same products faster, in IEEE fp32 as well:
 the results differ from MKL's only by the order of the float sums. Which one is faster depends on the CPU, the
 thread count and the shape, so the choice is measured: once per process oneDNN is checked against ``F.linear``
-for correctness (``onednn_ready``), and each layer shape of a loaded model is timed both ways
-(``onednn_faster``); only layers whose shape oneDNN runs faster are swapped. The timings' verdicts are kept in a
+for correctness (``onednn_ready``), and each layer shape of a loaded model is timed both ways, forward and
+backward at a training batch's row count (``onednn_faster``); only layers whose shape oneDNN runs faster are
+swapped. The timings' verdicts are kept in a
 small file per machine (``decisions_file``), so that later runs on the machine take the same kernels and a seed
 gives the same numbers run after run. oneDNN builds a kernel per matrix shape and caches it, so the row count M
 is padded up to one of 8 sizes per power of two (zero rows: exact, at most 1/8 more work) and a run meets a
@@ -30,7 +31,7 @@ from rlhfkit.cache import cache_root
 
 ONEDNN_MIN_MACS = 1 << 22  # smaller products stay on the default path (per-call overhead dominates there)
 SELF_CHECK_SPEEDUP = 1.1  # oneDNN must beat F.linear by this factor at a layer's shape for the layer to use it
-SELF_CHECK_MACS = 1 << 25  # rows of the timed product: about this many multiply-adds, between 64 and 1024 rows
+SELF_CHECK_MACS = 1 << 28  # rows of the timed product: about this many multiply-adds, between 256 and 2048 rows
 
 
 def fp32_cpu(*tensors: torch.Tensor | None) -> bool:
@@ -53,15 +54,6 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def _best_time(fn, repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _agrees_with_default() -> bool:
@@ -153,26 +145,40 @@ def _write_decision(key: str, faster: bool) -> bool:
 
 
 def _time_shape(in_features: int, out_features: int, rows: int) -> bool:
+    """Whether a layer of this shape trains faster through oneDNN: forward and backward (the three products of a
+    training step) timed both ways, alternately, best of 5 each."""
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
-    wt = w.t()
+    x = torch.randn(rows, in_features, generator=g).requires_grad_()
+    w = torch.randn(out_features, in_features, generator=g).requires_grad_()
+    grad = torch.randn(rows, out_features, generator=g)
+
+    def onednn():
+        _OneDNNMatmul.apply(x, w.t(), None).backward(grad)
+
+    def default():
+        nn.functional.linear(x, w).backward(grad)
+
+    best = {onednn: float("inf"), default: float("inf")}
     for _ in range(2):  # the first calls build kernels
-        mm(x, wt)
-        nn.functional.linear(x, w)
-    onednn = _best_time(lambda: mm(x, wt))
-    default = _best_time(lambda: nn.functional.linear(x, w))
-    return onednn * SELF_CHECK_SPEEDUP < default
+        onednn(), default()
+    for _ in range(5):
+        for fn in best:
+            x.grad = w.grad = None
+            start = time.perf_counter()
+            fn()
+            best[fn] = min(best[fn], time.perf_counter() - start)
+    return best[onednn] * SELF_CHECK_SPEEDUP < best[default]
 
 
 def onednn_faster(in_features: int, out_features: int) -> bool:
-    """Whether oneDNN runs ``[M, in] @ [in, out]`` at least ``SELF_CHECK_SPEEDUP`` times faster than ``F.linear``
-    here with this process's thread count: timed once per machine and shape (best of 5 after a warm-up), the
+    """Whether oneDNN runs a layer ``[M, in] -> [M, out]`` (forward and backward) at least ``SELF_CHECK_SPEEDUP``
+    times faster than ``F.linear`` here with this process's thread count: timed once per machine and shape, the
     verdict kept in ``decisions_file``."""
     threads = torch.get_num_threads()
     key = (in_features, out_features, threads)
     if key not in _FASTER:
-        rows = max(64, min(1024, SELF_CHECK_MACS // max(in_features * out_features, 1)))
-        name = f"{in_features}x{out_features}@{threads}"
+        rows = max(256, min(2048, SELF_CHECK_MACS // max(in_features * out_features, 1)))
+        name = f"{in_features}x{out_features}@{threads} train"
         if rows * in_features * out_features < ONEDNN_MIN_MACS:
             _FASTER[key] = False  # such products never take the oneDNN path
         elif (known := _read_decisions().get(name)) is not None:

@@ -138,7 +138,7 @@ def test_layers_are_swapped_only_where_onednn_is_faster_at_their_shape(monkeypat
     assert not onednn.onednn_faster(24, 40)  # too small a product for the oneDNN path at all
     # the verdicts are kept on disk: a new process (an empty in-memory table) reads them instead of timing
     saved = json.loads(onednn.decisions_file().read_text())
-    assert saved == {"256x512@1": False, "512x256@1": False, "256x384@1": True}
+    assert saved == {"256x512@1 train": False, "512x256@1 train": False, "256x384@1 train": True}
     monkeypatch.setattr(onednn, "_FASTER", {})
     monkeypatch.setattr(onednn, "_time_shape", lambda *a: pytest.fail("timed again"))
     assert onednn.onednn_faster(256, 384) and not onednn.onednn_faster(256, 512)

@@ -215,7 +215,7 @@ def run(cfg: DemoConfig) -> dict:
     start = time.perf_counter()
     run_plan = plan(cfg.quick, cfg.model)
     settings = run_plan.settings
-    total = (7 if cfg.model else 8) + run_plan.iterated
+    total = 8 if cfg.model else 9
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
@@ -261,8 +261,7 @@ def run(cfg: DemoConfig) -> dict:
                 f"--output-dir {out}/dpo {settings['dpo']} {common}",
             ),
         )
-        if run_plan.iterated:
-            stages.run("iterated PPO", lambda: run_iterated(out, data, settings["iterate"], run_plan, common))
+        stages.run("iterated PPO", lambda: run_iterated(out, data, settings["iterate"], run_plan, common))
     except BaseException:
         if job is not None:
             job.process.kill()
@@ -278,8 +277,7 @@ def run(cfg: DemoConfig) -> dict:
         gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
         results = {}
         policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo")}
-        if run_plan.iterated:
-            policies["iterated"] = out / "iterated" / "final"
+        policies["iterated"] = out / "iterated" / "final"
         for name, policy in policies.items():
             metrics, rows = evaluate_policy(
                 str(policy),

@@ -325,7 +325,7 @@ class Iteration:
             _execute("ppo", ppo_cfg)
             policy = str(ppo_dir)
             if ppo_cfg.needs_critic:
-                value_model = str(save_value_model(ppo_dir, value_model, self.trust))
+                value_model = str(save_value_model(ppo_dir, value_model, self.trust, c.lora))
             metrics = _metrics_rows(ppo_dir)
             record = {
                 "round": k,

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer
-from rlhfkit.models.lora import save_pretrained
+from rlhfkit.models.lora import apply_lora, merged_lora_weights, save_pretrained
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.models.sampling import decode, sample_responses
 from rlhfkit.training.checkpoint import Checkpointer
@@ -58,22 +58,24 @@ def pair_accuracy(
     return float(((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean())
 
 
-def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = False) -> Path:
+def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = False, lora=None) -> Path:
     """Write the value model of PPO's last checkpoint in ``ppo_dir`` as ``ppo_dir/value`` (a reward-model
     folder: the architecture of ``value_init``, the trained weights), then drop the checkpoints (the policy is
-    already saved in ``ppo_dir``)."""
+    already saved in ``ppo_dir``). ``lora``: the run's ``LoraArgs``; with a rank, the adapters PPO trained on
+    the value model's backbone are merged into its weights."""
     latest = Checkpointer(ppo_dir).latest()
     assert latest is not None, f"{ppo_dir}: PPO left no checkpoint to take the value model from"
     weights = load_file(str(latest / "actor_critic.safetensors"))
     tokenizer = load_tokenizer(value_init, trust_remote_code)
     model = load_reward_model(value_init, trust_remote_code, tokenizer)
-    prefix = model.base_model_prefix
-    state = {}
-    for key, tensor in weights.items():
-        if key.startswith("value_model.backbone."):
-            state[f"{prefix}.{key[len('value_model.backbone.') :]}"] = tensor
-        elif key.startswith("value_model.score."):
-            state[f"score.{key[len('value_model.score.') :]}"] = tensor
+    prefix, backbone_keys, score_keys = model.base_model_prefix, "value_model.backbone.", "value_model.score."
+    backbone = {k[len(backbone_keys) :]: v for k, v in weights.items() if k.startswith(backbone_keys)}
+    if lora is not None and lora.lora_r > 0:  # the adapters' names and scale come from the same wrapping as PPO's
+        wrapped = load_reward_model(value_init, trust_remote_code, tokenizer)
+        wrapped = apply_lora(getattr(wrapped, prefix), lora, task_type="FEATURE_EXTRACTION")
+        backbone = merged_lora_weights(wrapped, backbone)
+    state = {f"{prefix}.{k}": v for k, v in backbone.items()}
+    state.update({f"score.{k[len(score_keys) :]}": v for k, v in weights.items() if k.startswith(score_keys)})
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and not missing, (missing, unexpected)
     out = save_pretrained(model, tokenizer, ppo_dir / VALUE_DIR)

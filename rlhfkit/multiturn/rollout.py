@@ -31,7 +31,8 @@ class Conversation:
     ``actions[i]``: 1 where ``ids[i]`` was sampled by the policy; ``turn_ends``: index in ``ids`` of each
     model turn's last token; ``turn_rewards``: ``(index in ids, reward)`` for each reward the environment
     gave; ``reply_ids``: the last reply's tokens; ``opening``: how many of the first ``messages`` the
-    conversation opened with (the row's prompt, or the environment's opening)."""
+    conversation opened with (the row's prompt, or the environment's opening); ``logprobs``: with a sampling
+    engine, its log-prob of each token of ``ids`` (0 on the spliced ones), else None."""
 
     messages: list[dict]
     prompt_ids: list[int]
@@ -47,6 +48,7 @@ class Conversation:
     done: bool = False
     env: object = None
     opening: int = 0
+    logprobs: list[float] | None = None
 
     @property
     def turns(self) -> int:
@@ -107,9 +109,14 @@ class MultiTurn:
                 replies = sample_responses(model, self.tokenizer, contexts, gen, len(contexts), device)
             else:
                 replies = engine.sample(model, contexts, gen)
-            for i, reply, space in zip(going, replies, room):
+            for k, (i, reply, space) in enumerate(zip(going, replies, room)):
                 last = turn + 1 == self.args.max_turns
-                self.answer(convs[i], rows[i], reply[: int(min(space, len(reply)))], stops, last, limit)
+                reply = reply[: int(min(space, len(reply)))]
+                if engine is not None:  # the engine's log-probs of the reply's tokens, zeros on the others
+                    c = convs[i]
+                    c.logprobs = (c.logprobs or []) + [0.0] * (len(c.ids) - len(c.logprobs or []))
+                    c.logprobs += engine.last_logprobs[k][: len(reply)]
+                self.answer(convs[i], rows[i], reply, stops, last, limit)
         for c in convs:
             c.env = None  # environments live for one step
         return convs

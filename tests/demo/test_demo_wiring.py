@@ -336,6 +336,9 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert summary["model"] == str(tiny_model_dir)
     assert "init-model" not in summary["stage_seconds"] and not (out / "base").exists()
     assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["model"] == str(tiny_model_dir)
+    # iterated PPO runs on a given model too, continuing from its SFT stage
+    assert "iterated PPO" in summary["stage_seconds"] and "gold/iterated" in summary
+    assert yaml.safe_load((out / "iterated" / "config.yaml").read_text())["model"] == str(out / "sft")
     report = (out / "report.md").read_text()
     assert f"A pretrained language model (`{tiny_model_dir}`)" in report and "## Settings" in report
     assert "trained from scratch" not in report

@@ -145,7 +145,7 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 
     run = plan(quick=False, model=str(smollm2_gguf))
     assert run.parameters > LORA_ABOVE and not run.value_model
-    assert all("--lora-r 16" in run.settings[stage] for stage in ("sft", "ppo", "dpo"))
+    assert all("--lora-r 16" in run.settings[stage] for stage in ("sft", "ppo", "dpo", "iterate"))
     assert "--lora-r" not in run.settings["rm"]  # the reward model's head is new: trained in full
     files = write_task_data(tmp_path / "data", sizes={"sft": 4, "prefs_train": 4, "prefs_eval": 2})
     chat = chat_rows(files, str(smollm2_gguf), tmp_path / "chat")

@@ -77,3 +77,24 @@ def test_use_vllm_is_an_option_of_the_critic_free_commands_too(brief_policy_dir,
         max_steps=2, use_vllm=True, **RUN,
     )  # fmt: skip
     assert all("rollout/logprob_diff" in r for r in metrics(tmp_path))
+
+
+def test_two_processes_sample_with_an_engine_each_and_train_as_one(brief_policy_dir, prompts_file, tmp_path):
+    """torchrun with two processes: each starts its own engine (its engine core in a process of its own), samples
+    its half of the batch, and the engines take the weights of every update."""
+    from tests.helpers import launch
+
+    (tmp_path / "rewards.py").write_text(
+        "def brevity(prompts, completions, completion_ids, **kwargs):\n"
+        "    return [1.0 / len(ids) for ids in completion_ids]\n"
+    )
+    out = tmp_path / "two"
+    args = ["grpo", "--model", brief_policy_dir, "--data", prompts_file, "--output-dir", out, "--use-vllm"]
+    args += ["--reward-fn", f"{tmp_path}/rewards.py:brevity", "--batch-size", 16, "--num-generations", 4]
+    args += ["--max-steps", 3, "--max-new-tokens", 16, "--learning-rate", "3e-3", "--progress", "false"]
+    done = launch(args, 2, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["time/weight_sync_s"] > 0 for r in rows)  # every update reached both engines
+    assert all(r["rollout/logprob_diff"] < 1e-4 for r in rows), [r["rollout/logprob_diff"] for r in rows]

@@ -221,7 +221,13 @@ def conversation_tensors(convs, pad_id: int, env_weight: float, device) -> Compl
             turn_rewards[b, position] += env_weight * reward
     action_mask = action_mask.to(response_mask.dtype)
     finished = [c.finished for c in convs]
-    return Completions(query_ids, query_mask, response_ids, response_mask, action_mask, turn_rewards, finished)
+    engine_logprobs = None
+    if convs and convs[0].logprobs is not None:  # sampled by an engine: its log-probs, 0 on the spliced tokens
+        engine_logprobs = padded_logprobs([c.logprobs + [0.0] * (len(c.ids) - len(c.logprobs)) for c in convs], device)
+        engine_logprobs = engine_logprobs[:, : response_ids.shape[1]]
+    return Completions(
+        query_ids, query_mask, response_ids, response_mask, action_mask, turn_rewards, finished, engine_logprobs
+    )
 
 
 def action_order(mask: torch.Tensor) -> torch.Tensor | None:

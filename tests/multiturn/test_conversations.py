@@ -5,6 +5,7 @@ the action mask marks the policy's tokens only, and the limits end conversations
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -152,3 +153,38 @@ def test_the_estimators_see_the_policys_tokens_as_one_sequence():
     back = torch.zeros_like(x).scatter(1, order, x.gather(1, order))
     assert torch.equal(back, x)
     assert math.isclose(float(mask.gather(1, order)[0, :4].sum()), 4.0)
+
+
+def test_an_engines_log_probs_follow_the_policys_tokens_with_zeros_on_the_spliced_ones(model, tiny_model_dir, files):
+    """A sampling engine (``--use-vllm``) plays every turn; its log-prob of each sampled token lands on that token
+    in the rollout's ``engine_logprobs``, and the tool's spliced message gets 0 (no one sampled it)."""
+    tok = chatml_tokenizer(tiny_model_dir)
+
+    class ScriptedEngine:
+        """The engine's contract: ``sample`` returns token ids and leaves their log-probs in ``last_logprobs``."""
+
+        def __init__(self):
+            self.turn, self.last_logprobs = 0, []
+
+        def sample(self, model, contexts, generation):
+            self.turn += 1
+            text = CALL if self.turn == 1 else "it is 5"
+            replies = [reply_ids(tok, text, space=False) for _ in contexts]
+            # a distinct, recognisable log-prob for every token: -(turn + position / 1000)
+            self.last_logprobs = [[-(self.turn + i / 1000) for i in range(len(r))] for r in replies]
+            return replies
+
+    runner = MultiTurn(MultiTurnArgs(tool=[f"{files}/tools.py:add"]), tok)
+    prompt = [{"role": "user", "content": "what is 2 + 3?"}]
+    [c] = runner.rollout(model, [prompt], [0], {}, GenerationArgs(max_new_tokens=100), "cpu", ScriptedEngine())
+    assert c.turns == 2 and c.tool_calls == 1
+    t = conversation_tensors([c], tok.pad_token_id, 1.0, "cpu")
+    first, second = len(reply_ids(tok, CALL, space=False)), len(c.reply_ids)
+    logprobs, actions = t.engine_logprobs[0].tolist(), t.action_mask[0].tolist()
+    assert len(logprobs) == len(c.ids)
+    expected = [-(1 + i / 1000) for i in range(first)] + [0.0] * (len(c.ids) - first - second)
+    expected += [-(2 + i / 1000) for i in range(second)]
+    assert logprobs == pytest.approx(expected)
+    assert all(lp == 0.0 for lp, a in zip(logprobs, actions) if not a)
+    # the own sampler leaves the field empty
+    assert conversation_tensors([replace(c, logprobs=None)], tok.pad_token_id, 1.0, "cpu").engine_logprobs is None

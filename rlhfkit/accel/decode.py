@@ -269,7 +269,7 @@ def _merged_projection(base, pairs, rows: int = 0):
     if packed is not None:
         return packed  # (the merged copy is not kept)
     bias = None if base.bias is None else base.bias.detach()
-    onednn = isinstance(base, OneDNNLinear)
+    onednn = isinstance(base, OneDNNLinear) and base.onednn_forward  # sampling: no gradients
 
     def projection(x: torch.Tensor) -> torch.Tensor:
         y = linear_matmul(x, weight.t(), bias) if onednn else None

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlhfkit.accel import forward_intercepted
-from rlhfkit.accel.onednn import OneDNNLinear, onednn_applies, onednn_backward, onednn_forward
+from rlhfkit.accel.onednn import OneDNNLinear, onednn_applies, onednn_backward, onednn_forward, takes_onednn
 
 
 class TanhGELU(nn.Module):
@@ -168,7 +168,8 @@ def swiglu_down(gate: torch.Tensor, up: torch.Tensor, down: nn.Module) -> torch.
     ):
         return down(swiglu(gate, up))
     n, k = down.weight.shape
-    onednn = isinstance(down, OneDNNLinear) and onednn_applies(gate.numel() // k, k, n, gate, down.weight, down.bias)
+    onednn = isinstance(down, OneDNNLinear) and takes_onednn(down, gate)
+    onednn = onednn and onednn_applies(gate.numel() // k, k, n, gate, down.weight, down.bias)
     return _SwiGLUDown.apply(gate, up, down.weight, down.bias, onednn)
 
 

@@ -4,11 +4,12 @@ PyTorch's CPU matmuls in fp32 go to MKL's sgemm. On some CPUs and shapes (AMD's,
 small model's vocabulary projection) oneDNN's fp32 kernels run the same products faster, in IEEE fp32 as well:
 the results differ from MKL's only by the order of the float sums. Which one is faster depends on the CPU, the
 thread count and the shape, so the choice is measured: once per process oneDNN is checked against ``F.linear``
-for correctness (``onednn_ready``), and each layer shape of a loaded model is timed both ways, forward and
-backward at a training batch's row count (``onednn_faster``); only layers whose shape oneDNN runs faster are
-swapped. The timings' verdicts are kept in a
-small file per machine (``decisions_file``), so that later runs on the machine take the same kernels and a seed
-gives the same numbers run after run. oneDNN builds a kernel per matrix shape and caches it, so the row count M
+for correctness (``onednn_ready``), and each layer shape of a loaded model is timed both ways at a training
+batch's row count, forward alone and forward with backward (``onednn_faster``). A layer is swapped where oneDNN
+wins either; it then takes oneDNN for a product without gradients (sampling, scoring, the reference) by the
+first verdict and for one gradients will flow through by the second (``takes_onednn``). The verdicts are kept
+in a small file per machine (``decisions_file``), so that later runs on the machine take the same kernels and a
+seed gives the same numbers run after run. oneDNN builds a kernel per matrix shape and caches it, so the row count M
 is padded up to one of 8 sizes per power of two (zero rows: exact, at most 1/8 more work) and a run meets a
 bounded set of shapes.
 """
@@ -77,7 +78,7 @@ def onednn_ready() -> bool:
     return _ONEDNN
 
 
-_FASTER: dict[tuple[int, int, int], bool] = {}  # (in features, out features, threads) -> oneDNN is faster
+_FASTER: dict[tuple[int, int, int, bool], bool] = {}  # (in, out features, threads, backward) -> oneDNN is faster
 
 
 def decisions_file() -> Path:
@@ -144,48 +145,60 @@ def _write_decision(key: str, faster: bool) -> bool:
     return faster
 
 
-def _time_shape(in_features: int, out_features: int, rows: int) -> bool:
-    """Whether a layer of this shape trains faster through oneDNN: forward and backward (the three products of a
-    training step) timed both ways, alternately, best of 5 each."""
+def _time_shape(in_features: int, out_features: int, rows: int, backward: bool) -> bool:
+    """Whether a layer of this shape runs faster through oneDNN: its forward product, or with ``backward`` the three
+    products of a training step, timed both ways, alternately, best of 5 each."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, in_features, generator=g).requires_grad_()
-    w = torch.randn(out_features, in_features, generator=g).requires_grad_()
+    x = torch.randn(rows, in_features, generator=g).requires_grad_(backward)
+    w = torch.randn(out_features, in_features, generator=g).requires_grad_(backward)
     grad = torch.randn(rows, out_features, generator=g)
 
     def onednn():
-        _OneDNNMatmul.apply(x, w.t(), None).backward(grad)
+        y = _OneDNNMatmul.apply(x, w.t(), None)
+        if backward:
+            y.backward(grad)
 
     def default():
-        nn.functional.linear(x, w).backward(grad)
+        y = nn.functional.linear(x, w)
+        if backward:
+            y.backward(grad)
 
     best = {onednn: float("inf"), default: float("inf")}
-    for _ in range(2):  # the first calls build kernels
-        onednn(), default()
-    for _ in range(5):
-        for fn in best:
-            x.grad = w.grad = None
-            start = time.perf_counter()
-            fn()
-            best[fn] = min(best[fn], time.perf_counter() - start)
+    with torch.set_grad_enabled(backward):
+        for _ in range(2):  # the first calls build kernels
+            onednn(), default()
+        for _ in range(5):
+            for fn in best:
+                x.grad = w.grad = None
+                start = time.perf_counter()
+                fn()
+                best[fn] = min(best[fn], time.perf_counter() - start)
     return best[onednn] * SELF_CHECK_SPEEDUP < best[default]
 
 
-def onednn_faster(in_features: int, out_features: int) -> bool:
-    """Whether oneDNN runs a layer ``[M, in] -> [M, out]`` (forward and backward) at least ``SELF_CHECK_SPEEDUP``
-    times faster than ``F.linear`` here with this process's thread count: timed once per machine and shape, the
-    verdict kept in ``decisions_file``."""
+def onednn_faster(in_features: int, out_features: int, backward: bool = False) -> bool:
+    """Whether oneDNN runs a layer ``[M, in] -> [M, out]`` at least ``SELF_CHECK_SPEEDUP`` times faster than
+    ``F.linear`` here with this process's thread count: its forward product, or with ``backward`` forward and
+    backward together. Timed once per machine, shape and kind, the verdict kept in ``decisions_file``."""
     threads = torch.get_num_threads()
-    key = (in_features, out_features, threads)
+    key = (in_features, out_features, threads, backward)
     if key not in _FASTER:
         rows = max(256, min(2048, SELF_CHECK_MACS // max(in_features * out_features, 1)))
-        name = f"{in_features}x{out_features}@{threads} train"
+        name = f"{in_features}x{out_features}@{threads} {'train' if backward else 'forward'}"
         if rows * in_features * out_features < ONEDNN_MIN_MACS:
             _FASTER[key] = False  # such products never take the oneDNN path
         elif (known := _read_decisions().get(name)) is not None:
             _FASTER[key] = known
         else:
-            _FASTER[key] = _write_decision(name, _time_shape(in_features, out_features, rows))
+            _FASTER[key] = _write_decision(name, _time_shape(in_features, out_features, rows, backward))
     return _FASTER[key]
+
+
+def takes_onednn(layer: nn.Module, x: torch.Tensor | None = None) -> bool:
+    """Whether a swapped layer's product (input ``x``; None: any) goes through oneDNN now: by its training
+    verdict when gradients will flow through the product, else by its forward verdict."""
+    training = torch.is_grad_enabled() and (x is None or x.requires_grad or layer.weight.requires_grad)
+    return layer.onednn_training if training else layer.onednn_forward
 
 
 def padded_rows(m: int) -> int:
@@ -282,10 +295,14 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
 
 
 class OneDNNLinear(nn.Linear):
-    """``nn.Linear`` whose fp32 CPU products go through oneDNN (see ``linear_matmul``)."""
+    """``nn.Linear`` whose fp32 CPU products go through oneDNN (see ``linear_matmul``) where its verdicts say so
+    (``takes_onednn``: ``onednn_forward`` without gradients, ``onednn_training`` with; both true unless measured)."""
+
+    onednn_forward = True
+    onednn_training = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear_matmul(x, self.weight.t(), self.bias)
+        y = linear_matmul(x, self.weight.t(), self.bias) if takes_onednn(self, x) else None
         return super().forward(x) if y is None else y
 
 
@@ -299,10 +316,14 @@ def _conv1d_swap() -> tuple[type, type] | None:
         return None
 
     class OneDNNConv1D(Conv1D):
-        """GPT-2's ``Conv1D`` (``x @ W + b``, W ``[in, out]``) with fp32 CPU products through oneDNN."""
+        """GPT-2's ``Conv1D`` (``x @ W + b``, W ``[in, out]``) with fp32 CPU products through oneDNN (as
+        ``OneDNNLinear``)."""
+
+        onednn_forward = True
+        onednn_training = True
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = linear_matmul(x, self.weight, self.bias)
+            y = linear_matmul(x, self.weight, self.bias) if takes_onednn(self, x) else None
             return super().forward(x) if y is None else y
 
     return Conv1D, OneDNNConv1D
@@ -327,12 +348,21 @@ def _features(module: nn.Module) -> tuple[int, int]:
 
 def fast_linears(model: nn.Module, measure: bool = True) -> int:
     """Give the ``nn.Linear`` and GPT-2 ``Conv1D`` layers of ``model`` the oneDNN fp32 CPU path: every one, or
-    with ``measure`` those whose shape oneDNN runs faster here (``onednn_faster``). The modules keep their
-    parameters, names and state dict; on other devices and dtypes they run as before. Returns how many."""
+    with ``measure`` those whose shape oneDNN runs faster here without or with gradients (``onednn_faster``),
+    each taking it where it won. The modules keep their parameters, names and state dict; on other devices and
+    dtypes they run as before. Returns how many."""
     swaps: dict[type, type] = {nn.Linear: OneDNNLinear}
     conv1d = _conv1d_swap()
     if conv1d is not None:
         swaps[conv1d[0]] = conv1d[1]
     from rlhfkit.accel.kernels import swap_classes
 
-    return swap_classes(model, swaps, lambda m: not measure or onednn_faster(*_features(m)))
+    def faster(module: nn.Module) -> bool:
+        if not measure:
+            return True
+        forward, training = (onednn_faster(*_features(module), backward) for backward in (False, True))
+        if forward or training:  # the verdicts go with the swapped layer
+            module.onednn_forward, module.onednn_training = forward, training
+        return forward or training
+
+    return swap_classes(model, swaps, faster)

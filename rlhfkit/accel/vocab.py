@@ -219,8 +219,10 @@ class HeadProduct(Product):
 
 
 def head_product(head: nn.Module) -> HeadProduct | None:
-    """``HeadProduct`` for an LM head whose fp32 CPU products take oneDNN here (a layer ``fast_linears`` swapped:
-    oneDNN measured faster at its shape); else None (the default products)."""
-    if isinstance(head, onednn.OneDNNLinear) and head.bias is None and onednn.onednn_ready():
+    """``HeadProduct`` for an LM head whose fp32 CPU products take oneDNN here now (a layer ``fast_linears``
+    swapped, oneDNN measured faster at its shape with or without gradients as they are now); else None (the
+    default products)."""
+    swapped = isinstance(head, onednn.OneDNNLinear) and head.bias is None
+    if swapped and onednn.onednn_ready() and onednn.takes_onednn(head):
         return HeadProduct()
     return None

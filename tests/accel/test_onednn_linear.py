@@ -22,7 +22,7 @@ needs_onednn = pytest.mark.skipif(not onednn._onednn_available(), reason="this t
 def count_onednn_calls(monkeypatch):
     """Route fp32 linears through oneDNN whatever the load-time timing decides on this CPU, and count calls."""
     monkeypatch.setattr(onednn, "_ONEDNN", True)
-    monkeypatch.setattr(onednn, "onednn_faster", lambda in_features, out_features: True)
+    monkeypatch.setattr(onednn, "onednn_faster", lambda in_features, out_features, backward=False: True)
     calls = []
     original = onednn._OneDNNMatmul.apply
     monkeypatch.setattr(onednn._OneDNNMatmul, "apply", lambda *a: calls.append(a[0].shape) or original(*a))
@@ -138,10 +138,35 @@ def test_layers_are_swapped_only_where_onednn_is_faster_at_their_shape(monkeypat
     assert not onednn.onednn_faster(24, 40)  # too small a product for the oneDNN path at all
     # the verdicts are kept on disk: a new process (an empty in-memory table) reads them instead of timing
     saved = json.loads(onednn.decisions_file().read_text())
-    assert saved == {"256x512@1 train": False, "512x256@1 train": False, "256x384@1 train": True}
+    shapes, kinds = ("256x512", "512x256", "256x384"), ("forward", "train")
+    assert saved == {f"{shape}@1 {kind}": shape == "256x384" for shape in shapes for kind in kinds}
     monkeypatch.setattr(onednn, "_FASTER", {})
     monkeypatch.setattr(onednn, "_time_shape", lambda *a: pytest.fail("timed again"))
-    assert onednn.onednn_faster(256, 384) and not onednn.onednn_faster(256, 512)
+    assert onednn.onednn_faster(256, 384) and not onednn.onednn_faster(256, 512, backward=True)
+
+
+@needs_onednn
+def test_a_layer_takes_onednn_with_and_without_gradients_as_its_two_verdicts_say(monkeypatch, count_onednn_calls):
+    """Where oneDNN won the forward timing but lost forward-and-backward, the layer's products without gradients
+    (sampling, scoring) take it and those of a training step do not; the results agree either way."""
+    monkeypatch.setattr(onednn, "onednn_faster", lambda in_features, out_features, backward=False: not backward)
+    layer = nn.Linear(64, 96)
+    reference = nn.Linear(64, 96)
+    reference.load_state_dict(layer.state_dict())
+    assert fast_linears(layer) == 1 and layer.onednn_forward and not layer.onednn_training
+    x = torch.randn(50, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), reference(x), rtol=1e-5, atol=1e-5)
+    assert count_onednn_calls == [(50, 64)]
+    y = layer(x.requires_grad_())
+    y.sum().backward()
+    assert count_onednn_calls == [(50, 64)]  # the training product took PyTorch's path
+    torch.testing.assert_close(y, reference(x), rtol=1e-5, atol=1e-5)
+    # a layer swapped without measuring takes oneDNN both ways
+    both = nn.Linear(64, 96)
+    assert fast_linears(both, measure=False) == 1
+    both(x).sum().backward()
+    assert len(count_onednn_calls) == 2
 
 
 def test_verdicts_are_kept_per_cpu_instruction_set(monkeypatch, tmp_path):

@@ -20,15 +20,17 @@ The engine also returns its own log-prob of each sampled token (after temperatur
 
 With one process the engine runs inside this process, so loading the weights copies tensors in memory. With
 several processes (torchrun / accelerate) each rank starts its own engine in a process of its own (the
-training processes' ``torch.distributed`` group is not the engine's), and the weights travel to it by
-vLLM's inter-process calls.
+training processes' ``torch.distributed`` group is not the engine's); the weights reach it as a safetensors file
+in a temporary folder (shared memory where there is one) that the engine's worker loads.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
+import tempfile
 import time
 from collections import defaultdict
 
@@ -70,8 +72,9 @@ class VLLMEngine:
     hands the trainer the weight-sync time since its last call.
     """
 
-    def __init__(self, llm, stops: list[int], sync_steps: int = 1, sleeps: bool = False):
+    def __init__(self, llm, stops: list[int], sync_steps: int = 1, sleeps: bool = False, in_process: bool = True):
         self.llm, self.stops, self.sync_steps, self.sleeps = llm, list(stops), sync_steps, sleeps
+        self.in_process = in_process  # the engine's worker runs in this process (else in one of its own)
         self.stale = True  # the first sample loads the trainer's weights (a resumed run's, for instance)
         self.updates = 0
         self.asleep = False
@@ -117,8 +120,10 @@ class VLLMEngine:
                 enforce_eager=not gpu,  # the CPU backend's compiled graphs take minutes to build
                 generation_config="vllm",  # no sampling defaults from the model's generation_config.json
                 logprobs_mode="processed_logprobs",
+                worker_extension_cls=f"{__name__}.EngineWorker",
             )
-        engine = cls(llm, stops, args.vllm_sync_steps, sleeps)
+        engine = cls(llm, stops, args.vllm_sync_steps, sleeps, in_process)
+        atexit.register(engine.close)  # a run that stops on an error leaves no engine process behind either
         if sleeps:
             engine.sleep()
         return engine
@@ -179,14 +184,28 @@ class VLLMEngine:
         """Load the policy's current weights into the engine (in place, its kernels' layouts rebuilt) and drop
         its prefix cache; returns the seconds it took."""
         start = time.perf_counter()
-        weights = list(policy_weights(model).items())
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        weights = policy_weights(model)
         base = base_model(without_ddp(model))
-        if getattr(base.config, "tie_word_embeddings", False):
-            # A tied output layer gets no weights of its own in a checkpoint, so the reload leaves its kernel as
-            # it was (on a CPU, a packed copy of the old embedding): it is set and re-packed from the embedding.
-            head = base.get_output_embeddings().weight.detach()
-            self.llm.collective_rpc(_refresh_output_layer, args=(head,))
+        # A tied output layer gets no weights of its own in a checkpoint, so the reload leaves its kernel as it was
+        # (on a CPU, a packed copy of the old embedding): it is set and re-packed from the embedding.
+        tied = getattr(base.config, "tie_word_embeddings", False)
+        head = base.get_output_embeddings().weight.detach() if tied else None
+        if self.in_process:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(weights.items()), "is_checkpoint_format": True}
+            )
+            if head is not None:
+                self.llm.collective_rpc("rlhfkit_refresh_output_layer", args=(head,))
+        else:  # tensors do not cross vLLM's inter-process calls as tensors: a file does
+            from safetensors.torch import save_file
+
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            with tempfile.TemporaryDirectory(prefix="rlhfkit-vllm-", dir=shm) as folder:
+                path = os.path.join(folder, "weights.safetensors")
+                if head is not None:
+                    weights = {**weights, OUTPUT_LAYER: head.clone()}  # a file holds no shared tensors
+                save_file({k: v.contiguous() for k, v in weights.items()}, path)
+                self.llm.collective_rpc("rlhfkit_reload_from_file", args=(path,))
         self.llm.reset_prefix_cache()
         self.stale = False
         seconds = time.perf_counter() - start
@@ -199,6 +218,13 @@ class VLLMEngine:
             return {}
         out, self.sync_s = {"time/weight_sync_s": self.sync_s}, 0.0
         return out
+
+    def close(self) -> None:
+        """Stop the engine (its engine core's process, when it has one of its own); called when training ends."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        self.llm = None
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
 
     # ---- memory on a GPU --------------------------------------------------------------------------------------
     def sleep(self) -> None:
@@ -213,15 +239,33 @@ class VLLMEngine:
             self.asleep = False
 
 
-def _refresh_output_layer(worker, weight: torch.Tensor) -> None:
-    """In the engine's worker: copy ``weight`` [V, H] into the model's output layer (padded rows stay) and
-    rebuild the layer's kernel from it."""
-    head = worker.model_runner.get_model().lm_head
-    with torch.no_grad():
-        head.weight.data[: weight.shape[0]].copy_(weight.to(head.weight.device, head.weight.dtype))
-    method = getattr(head, "quant_method", None)
-    if method is not None:
-        method.process_weights_after_loading(head)
+OUTPUT_LAYER = "rlhfkit.output_layer.weight"  # a tied output layer's weight in the file of a reload
+
+
+class EngineWorker:
+    """Methods the engine's worker gains (vLLM's ``worker_extension_cls``), called by name through
+    ``collective_rpc``: by name, so they reach a worker in a process of its own without pickling code."""
+
+    def rlhfkit_reload_from_file(self, path: str) -> None:
+        """Load the policy's weights from the safetensors file at ``path`` (a tied output layer's under
+        ``OUTPUT_LAYER``)."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path, device="cpu")
+        head = weights.pop(OUTPUT_LAYER, None)
+        self.reload_weights(weights_iterator=list(weights.items()), is_checkpoint_format=True)
+        if head is not None:
+            self.rlhfkit_refresh_output_layer(head)
+
+    def rlhfkit_refresh_output_layer(self, weight: torch.Tensor) -> None:
+        """Copy ``weight`` [V, H] into the model's output layer (padded rows stay) and rebuild the layer's
+        kernel from it."""
+        head = self.model_runner.get_model().lm_head
+        with torch.no_grad():
+            head.weight.data[: weight.shape[0]].copy_(weight.to(head.weight.device, head.weight.dtype))
+        method = getattr(head, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(head)
 
 
 @contextlib.contextmanager

@@ -206,6 +206,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         session.logger.advance()
         session.stop_if_requested(step, trainer.checkpoint_models(), state(), trainer.optimizer)
 
+    if engine is not None:
+        engine.close()
     # 5. Final policy in Hugging Face format; a value head stays in checkpoints/.
     session.finish(trainer.actor_critic, tokenizer, prefix="policy.")
     return metrics

@@ -14,8 +14,8 @@ from rlhfkit.iterated.models import VALUE_DIR, save_value_model
 from rlhfkit.models import loading
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import build_reward_model
-from rlhfkit.training.checkpoint import META_FILE
 from rlhfkit.trainers.online.policy import SeparateValueModel
+from rlhfkit.training.checkpoint import META_FILE
 
 
 def test_the_value_models_adapters_are_merged_into_the_saved_folder(tiny_model_dir, tmp_path):

@@ -267,7 +267,9 @@ def test_sft_loss_and_dpo_log_probs_without_logits_equal_the_plain_ones_on_the_r
     model.zero_grad(set_to_none=True)
     (loss_a, count_a, seq_a, grad_a), (loss_b, count_b, seq_b, grad_b) = results
     assert count_a == count_b == int(response_mask.sum())
-    torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-4)
-    torch.testing.assert_close(seq_b, seq_a, rtol=1e-6, atol=1e-4)
+    # sums over ~20 tokens of log-softmaxes over 49,152 logits, taken block by block or at once: the two orders of
+    # fp32 sums (and the CPU's kernels, which may differ between the paths) differ by a few parts in 1e6
+    torch.testing.assert_close(loss_b, loss_a, rtol=2e-5, atol=1e-4)
+    torch.testing.assert_close(seq_b, seq_a, rtol=2e-5, atol=1e-4)
     scale = float(grad_a.abs().max())
     assert scale > 0 and float((grad_b - grad_a).abs().max()) < 1e-3 * scale

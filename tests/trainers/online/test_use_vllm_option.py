@@ -54,7 +54,7 @@ class StandInEngine:
     -1 for every token, so the gap and the weights are not those of the trainer's forward pass."""
 
     def __init__(self):
-        self.samples, self.updates, self.last_logprobs, self.tokenizer = 0, 0, [], None
+        self.samples, self.updates, self.last_logprobs, self.tokenizer, self.closed = 0, 0, [], None, False
 
     def start(self, cfg, policy, tokenizer, session):  # stands in for run.start_engine
         self.tokenizer = tokenizer
@@ -71,6 +71,9 @@ class StandInEngine:
 
     def updated(self):
         self.updates += 1
+
+    def close(self):
+        self.closed = True
 
 
 def test_the_engine_samples_each_step_its_logprobs_reach_the_log_and_it_hears_of_each_update(
@@ -93,7 +96,7 @@ def test_the_engine_samples_each_step_its_logprobs_reach_the_log_and_it_hears_of
         use_vllm=True, vllm_importance_sampling_cap=2.0,
     )  # fmt: skip
     rows = [json.loads(line) for line in open(tmp_path / "out" / "metrics.jsonl")]
-    assert engine.samples == 2 and engine.updates == 2
+    assert engine.samples == 2 and engine.updates == 2 and engine.closed  # closed when training ended
     assert [r["time/weight_sync_s"] for r in rows] == [0.5, 0.5]
     # the trainer's log-probs of a random tiny model's samples are far from the stand-in's -1
     assert all(r["rollout/logprob_diff"] > 0.1 for r in rows)

@@ -362,7 +362,7 @@ REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one
     "809d538e981c --steps 4 --repeats 3 --rows grpo,ppo,grpo-lora,ppo-lora",
     "809d538e981c --steps 4 --repeats 3 --seed 3 --rows ppo",
 ]
-REAL_AVX2_RUNS = ["28f7ac0d1a87 --rows grpo,ppo,grpo-lora,ppo-lora --max-wait 20.0"]  # after the pruning
+REAL_AVX2_RUNS = ["d8a8ea218357 --rows grpo,ppo,grpo-lora,ppo-lora --max-wait 20.0"]  # oneDNN chosen per use
 REAL_LABELS = {
     "sft": "sft",
     "rm": "rm",

@@ -330,13 +330,12 @@ def _conv1d_swap() -> tuple[type, type] | None:
 
 
 def onednn_layers(model: nn.Module) -> bool:
-    """Whether ``model`` has linear layers swapped to oneDNN (``fast_linears``) and runs them that way now: fp32
-    weights on the CPU, autocast off."""
+    """Whether ``model`` has linear layers swapped to oneDNN (``fast_linears``) that run that way now: fp32
+    weights on the CPU, autocast off, and the layer's verdict for a product with or without gradients, as
+    gradients are now (``takes_onednn``)."""
     swapped = tuple(c for c in (OneDNNLinear, (_conv1d_swap() or (None, None))[1]) if c is not None)
-    for module in model.modules():
-        if isinstance(module, swapped):
-            return fp32_cpu(module.weight)
-    return False
+    layers = [m for m in model.modules() if isinstance(m, swapped)]
+    return bool(layers) and fp32_cpu(layers[0].weight) and any(takes_onednn(m) for m in layers)
 
 
 def _features(module: nn.Module) -> tuple[int, int]:

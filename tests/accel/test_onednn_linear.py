@@ -162,6 +162,10 @@ def test_a_layer_takes_onednn_with_and_without_gradients_as_its_two_verdicts_say
     y.sum().backward()
     assert count_onednn_calls == [(50, 64)]  # the training product took PyTorch's path
     torch.testing.assert_close(y, reference(x), rtol=1e-5, atol=1e-5)
+    # packing widens rows to oneDNN's row counts only for the passes whose products take it
+    with torch.no_grad():
+        assert onednn.onednn_layers(layer)
+    assert not onednn.onednn_layers(layer)
     # a layer swapped without measuring takes oneDNN both ways
     both = nn.Linear(64, 96)
     assert fast_linears(both, measure=False) == 1

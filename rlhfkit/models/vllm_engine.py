@@ -191,11 +191,7 @@ class VLLMEngine:
         tied = getattr(base.config, "tie_word_embeddings", False)
         head = base.get_output_embeddings().weight.detach() if tied else None
         if self.in_process:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": list(weights.items()), "is_checkpoint_format": True}
-            )
-            if head is not None:
-                self.llm.collective_rpc("rlhfkit_refresh_output_layer", args=(head,))
+            self.llm.collective_rpc("rlhfkit_reload", args=(list(weights.items()), head))
         else:  # tensors do not cross vLLM's inter-process calls as tensors: a file does
             from safetensors.torch import save_file
 
@@ -253,19 +249,20 @@ class EngineWorker:
 
         weights = load_file(path, device="cpu")
         head = weights.pop(OUTPUT_LAYER, None)
-        self.reload_weights(weights_iterator=list(weights.items()), is_checkpoint_format=True)
-        if head is not None:
-            self.rlhfkit_refresh_output_layer(head)
+        self.rlhfkit_reload(list(weights.items()), head)
 
-    def rlhfkit_refresh_output_layer(self, weight: torch.Tensor) -> None:
-        """Copy ``weight`` [V, H] into the model's output layer (padded rows stay) and rebuild the layer's
-        kernel from it."""
-        head = self.model_runner.get_model().lm_head
+    def rlhfkit_reload(self, weights: list[tuple[str, torch.Tensor]], head: torch.Tensor | None) -> None:
+        """Load the policy's weights (checkpoint names) and, for a tied output layer, copy ``head`` [V, H] into
+        it (padded rows stay) and rebuild the layer's kernel from it."""
+        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        if head is None:
+            return
+        layer = self.model_runner.get_model().lm_head
         with torch.no_grad():
-            head.weight.data[: weight.shape[0]].copy_(weight.to(head.weight.device, head.weight.dtype))
-        method = getattr(head, "quant_method", None)
+            layer.weight.data[: head.shape[0]].copy_(head.to(layer.weight.device, layer.weight.dtype))
+        method = getattr(layer, "quant_method", None)
         if method is not None:
-            method.process_weights_after_loading(head)
+            method.process_weights_after_loading(layer)
 
 
 @contextlib.contextmanager

@@ -112,10 +112,8 @@ class MultiTurn:
             for k, (i, reply, space) in enumerate(zip(going, replies, room)):
                 last = turn + 1 == self.args.max_turns
                 reply = reply[: int(min(space, len(reply)))]
-                if engine is not None:  # the engine's log-probs of the reply's tokens, zeros on the others
-                    c = convs[i]
-                    c.logprobs = (c.logprobs or []) + [0.0] * (len(c.ids) - len(c.logprobs or []))
-                    c.logprobs += engine.last_logprobs[k][: len(reply)]
+                if engine is not None:  # the engine's log-probs of the reply's tokens (``answer`` appends them)
+                    convs[i].logprobs = (convs[i].logprobs or []) + engine.last_logprobs[k][: len(reply)]
                 self.answer(convs[i], rows[i], reply, stops, last, limit)
         for c in convs:
             c.env = None  # environments live for one step
@@ -163,6 +161,8 @@ class MultiTurn:
         c.messages += new
         c.ids += splice
         c.actions += [0] * len(splice)
+        if c.logprobs is not None:  # no one sampled the spliced tokens
+            c.logprobs += [0.0] * len(splice)
 
 
 def conversation_metrics(convs: list[Conversation]) -> dict[str, float]:

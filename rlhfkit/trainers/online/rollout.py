@@ -223,8 +223,7 @@ def conversation_tensors(convs, pad_id: int, env_weight: float, device) -> Compl
     finished = [c.finished for c in convs]
     engine_logprobs = None
     if convs and convs[0].logprobs is not None:  # sampled by an engine: its log-probs, 0 on the spliced tokens
-        engine_logprobs = padded_logprobs([c.logprobs + [0.0] * (len(c.ids) - len(c.logprobs)) for c in convs], device)
-        engine_logprobs = engine_logprobs[:, : response_ids.shape[1]]
+        engine_logprobs = padded_logprobs([c.logprobs for c in convs], device)
     return Completions(
         query_ids, query_mask, response_ids, response_mask, action_mask, turn_rewards, finished, engine_logprobs
     )

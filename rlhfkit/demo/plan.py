@@ -18,11 +18,10 @@ from pathlib import Path
 LORA_ABOVE = 50_000_000  # parameters
 
 TINY = {
-    # The built-in model on 2 CPU cores (measurements in docs/demo.md, "Why these settings"). SFT runs long
-    # because copying the customer's product from the prompt into the reply is learnt late: after 1000 steps the
-    # model names a random product, after 3000 the right one. PPO's value function starts from the reward model,
-    # as in InstructGPT (Ouyang et al. 2022): a value head on the tiny policy explained almost none of the
-    # returns' variance, and the noisy advantages held PPO back.
+    # The built-in model on 2 CPU cores (the runs behind these choices: docs/demo.md, "Why these settings"). SFT
+    # runs long because copying the customer's product from the prompt into the reply is learnt late. PPO's value
+    # function starts from the reward model, as in InstructGPT (Ouyang et al. 2022): a value head on the tiny
+    # policy explains too little of the returns' variance, and the noisy advantages hold PPO back.
     "sft": (
         "--max-steps 3000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine "
         "--eval-steps 1000"
@@ -46,13 +45,10 @@ TINY = {
 LORA = "--lora-r 16 --lora-alpha 32"
 PRETRAINED = {
     # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo.md). The
-    # held-out evaluations of the reward model and DPO run once, at their last step (each one is ~1-2 minutes of
-    # forward passes). The reward model's rate: at 2e-5 its held-out accuracy stopped rising halfway through its
-    # 150 steps (0.705 -> 0.707, seed 1); at 6e-5 it reached 0.740 and 0.752 (seed 1, two runs), 0.723 and 0.767
-    # (seeds 0 and 2). PPO makes two epochs of two minibatches over each batch of rollouts: one update per batch
-    # (one epoch, one minibatch, which reuses the rollout's forward pass) took 16 s a step against 25 s, but after
-    # 30 steps its gold score had not moved from SFT's (1.95 against 1.96; two epochs: 2.11; 400 replies each,
-    # seed 1).
+    # held-out evaluations of the reward model and DPO run once, at their last step (each is minutes of forward
+    # passes). The reward model's rate is the lowest at which its held-out accuracy still rises at the last of its
+    # steps. PPO makes two epochs of two minibatches over each batch of rollouts: a single update per batch is
+    # cheaper a step, but in this budget of steps it leaves the gold score where SFT left it.
     "sft": f"--max-steps 120 --learning-rate 2e-4 --batch-size 8 --warmup-steps 10 --eval-steps 60 {LORA}",
     "rm": "--max-steps 150 --learning-rate 6e-5 --batch-size 8 --eval-steps 150",
     "ppo": (
@@ -123,18 +119,18 @@ def plan(quick: bool, model: str = "") -> Plan:
     if pretrained:
         sizes = {"sft": 1200, "prefs_train": 1200, "prefs_eval": 400}
         notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages, value head on the policy"]
-        # Two samples per held-out prompt: a reply's gold score varies with a standard deviation of ~1.3 (SFT on
-        # SmolLM2), so one sample for each of 100 prompts leaves two policies' difference uncertain by ~0.19.
+        # Two samples per held-out prompt: a single reply's gold score varies widely, and one sample for each of
+        # the held-out prompts leaves two policies' difference too uncertain to rank them.
         return Plan(PRETRAINED, sizes, 40, 2, value_model=False, parameters=parameters, notes=notes)
-    # Rows of task data: more than the task's defaults, so the 3000 SFT steps see each demonstration ~6 times
-    # rather than 24 (less overfitting) and the reward model sees each pair about three times; 2000 held-out pairs
-    # measure its accuracy (and the label-noise ceiling) to about +-0.01.
+    # Rows of task data: more than the task's defaults, so the SFT steps see each demonstration a few times
+    # rather than dozens (less overfitting), and the held-out pairs measure the reward model's accuracy (and the
+    # label-noise ceiling) to about a point.
     sizes = {"sft": 8000, "prefs_train": 8000, "prefs_eval": 2000}
     # The beta = 0 ablation runs longer than PPO with the penalty: over-optimisation takes more steps to show than
     # the penalised run takes to level off, and the learning rate decays linearly to 0 over --max-steps, so a
-    # 60-step run without the penalty slows down just as its gold score turns. Over 100 steps its logged gold
-    # peaks early and then falls below the penalised run's in every seed measured (docs/demo.md). Four samples
-    # per held-out prompt: with one, a policy's mean gold score moves by about ±0.2 with the sampling seed alone.
+    # run as long as PPO's, without the penalty, slows down just as its gold score turns. Run longer, its logged
+    # gold peaks early and then falls below the penalised run's (docs/demo.md). Four samples per held-out prompt:
+    # with one, a policy's mean gold score moves with the sampling seed alone by more than the policies differ.
     return Plan(TINY, sizes, 100, 4, parameters=parameters)
 
 

@@ -17,10 +17,9 @@ from rlhfkit.config.commands import DemoConfig
 from rlhfkit.demo.report import QUICK_RUN
 
 # Stage settings for a ~0.24M-parameter GPT-2 on 2 CPU cores. SFT runs long because copying the three numbers
-# from the prompt into the tool call is learnt late: about half of the calls copy them right after 1000 steps,
-# about 90% after 2000. It needs many different demonstrations (DATA_SIZES): at learning rate 3e-3, 4000 of
-# them (each seen six times) gave 29% right calls after 1500 steps, 20,000 gave 73% after 1400. GRPO has
-# taught the policy to call the tool every time by step 30-40.
+# from the prompt into the tool call is learnt late, and it needs many different demonstrations (DATA_SIZES):
+# a few thousand, each seen several times, leave most calls wrong where the same steps over many more get most
+# right. GRPO's steps leave room past the point where the policy calls the tool every time.
 SETTINGS = {
     "sft": "--max-steps 2000 --learning-rate 6e-3 --batch-size 16 --eval-steps 1000",
     "grpo": (

@@ -295,6 +295,8 @@ def run(cfg: DemoConfig) -> dict:
     results = stages.run("evaluation on held-out prompts", evaluate_all)
     prefs_eval = [json.loads(line) for line in open(data["prefs_eval"])]
     ceiling = label_noise_ceiling(prefs_eval)
-    summary = write_report(out, results, ceiling, stages, time.perf_counter() - start, cfg.quick, run_plan, cfg.model)
+    summary = write_report(
+        out, results, ceiling, stages, time.perf_counter() - start, cfg.quick, run_plan, cfg.model, cfg.seed
+    )
     announce_report(out)
     return summary

@@ -95,6 +95,22 @@ def gold_standard_error(samples: list[dict]) -> float:
     return statistics.stdev(golds) / math.sqrt(len(golds)) if len(golds) > 1 else math.nan
 
 
+def paired_standard_errors(samples: dict[str, list[dict]]) -> dict[str, float]:
+    """``"A-B"``: the standard error of policy A's mean gold score minus B's, for each pair of policies, from the
+    differences reply by reply. Every policy answered the same list of held-out prompts in the same order, so
+    the pairing takes out how hard each prompt is. NaN below two pairs."""
+    names, out = list(samples), {}
+    for i, a in enumerate(names):
+        for b in names[:i]:
+            diffs = [
+                x["gold"] - y["gold"]
+                for x, y in zip(samples[a], samples[b], strict=True)
+                if x.get("gold") is not None and y.get("gold") is not None
+            ]
+            out[f"{a}-{b}"] = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+    return out
+
+
 def plus_minus(se: float) -> str:
     return "" if math.isnan(se) else f" ± {se:.3f}"
 
@@ -233,19 +249,29 @@ def _iterated_table(rounds: list[dict]) -> list[str]:
 
 
 def write_report(
-    out: Path, results: dict, ceiling: float, stages, seconds: float, quick: bool = False, plan=None, model: str = ""
+    out: Path,
+    results: dict,
+    ceiling: float,
+    stages,
+    seconds: float,
+    quick: bool = False,
+    plan=None,
+    model: str = "",
+    seed: int | None = None,
 ) -> dict:
     """``stages``: the stage runner, with ``seconds`` and ``load`` (1-minute load average) per stage. ``quick``:
     the stages ran a few steps (``--quick``); the report then says so first and draws no conclusions. ``plan``:
     the stages' settings (``rlhfkit.demo.plan.Plan``), listed at the end; ``model``: the pretrained model the run
-    started from (empty: the built-in one)."""
+    started from (empty: the built-in one); ``seed``: the run's seed, kept in summary.json."""
     stage_seconds = stages.seconds
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
     m = {name: {**r["metrics"], "reward/gold_se": gold_standard_error(r["samples"])} for name, r in results.items()}
     models = {n: label for n, label in MODELS.items() if n in m}
-    summary = {"quick": quick, "model": model or "built-in", **{f"gold/{n}": m[n].get("reward/gold") for n in models}}
+    summary = {"quick": quick, "model": model or "built-in", "seed": seed}
+    summary.update({f"gold/{n}": m[n].get("reward/gold") for n in models})
     summary.update({f"gold_se/{n}": m[n]["reward/gold_se"] for n in models})
+    summary["gold_diff_se"] = paired_standard_errors({n: results[n]["samples"] for n in models})
     summary.update({f"rm_score/{n}": m[n].get("reward/score") for n in models})
     summary.update({f"kl/{n}": m[n].get("kl/ref") for n in models if n != "sft"})
     summary.update({f"length/{n}": m[n].get("response/length") for n in models})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -344,3 +345,15 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert "trained from scratch" not in report
     assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1
     assert "runs the support task" in capsys.readouterr().err
+
+
+def test_paired_standard_errors_take_the_differences_reply_by_reply():
+    from rlhfkit.demo.report import paired_standard_errors
+
+    rows = lambda golds: [{"gold": g} for g in golds]  # noqa: E731
+    # b is a plus 1 on every reply: the difference has no spread, however much the prompts differ
+    got = paired_standard_errors({"a": rows([0.0, 5.0, -3.0]), "b": rows([1.0, 6.0, -2.0]), "c": rows([0.0, 1.0, 2.0])})
+    assert got["b-a"] == 0.0
+    assert got["c-a"] == pytest.approx(statistics.stdev([0.0, -4.0, 5.0]) / math.sqrt(3))
+    assert set(got) == {"b-a", "c-a", "c-b"}
+    assert math.isnan(paired_standard_errors({"a": rows([1.0]), "b": rows([2.0])})["b-a"])

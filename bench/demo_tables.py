@@ -1,0 +1,101 @@
+"""docs/demo.md's tables of `rlhfkit demo` over seeds (bench/demo_seeds.py, bench/reported/demo.json): the gold
+each policy gained over SFT seed by seed, and iterated PPO's reward model round by round. Standard library only."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from table_parts import AVX2, Run, mean_se, pm, sources, table
+
+# The SmolLM2-135M-Instruct runs the tables show (machine key, run key).
+SMOLLM2_RUN = (AVX2, "")
+GAINS = {"ppo": "PPO", "iterated": "iterated PPO", "dpo": "DPO"}
+
+
+def gain(got: dict, name: str, than: str = "sft") -> tuple[float, float]:
+    """Policy ``name``'s mean gold minus ``than``'s, with the paired standard error the run measured (reply by
+    reply on the same prompts), else the two means' errors in quadrature."""
+    diff = got[f"gold/{name}"] - got[f"gold/{than}"]
+    se = (got.get("gold_diff_se") or {}).get(f"{name}-{than}")
+    if se is None:
+        se = (got.get("gold_diff_se") or {}).get(f"{than}-{name}")
+    if se is None:
+        se = math.hypot(got[f"gold_se/{name}"], got[f"gold_se/{than}"])
+    return diff, se
+
+
+def seeds_of(run: Run) -> list[tuple[str, dict]]:
+    return sorted(run["seeds"].items(), key=lambda kv: int(kv[0]))
+
+
+def demo_seeds(where: tuple[str, str] = SMOLLM2_RUN) -> list[str]:
+    """Per seed: SFT's gold, each policy's gain over SFT (± its paired standard error), PPO's and iterated PPO's
+    lead over DPO, the reward model's held-out accuracy and the label-noise ceiling, KL to SFT, minutes. Last
+    row: the mean over seeds ± its standard error."""
+    run = Run("demo", *where)
+    rows, columns = [], {k: [] for k in ("sft", *GAINS, "ppo-dpo", "iterated-dpo", "rm", "minutes")}
+    for seed, got in seeds_of(run):
+        cells = [seed, f"{got['gold/sft']:.2f}"]
+        columns["sft"].append(got["gold/sft"])
+        for name in GAINS:
+            d, se = gain(got, name)
+            columns[name].append(d)
+            cells.append(f"{d:+.2f} ± {se:.2f}")
+        for name in ("ppo", "iterated"):
+            d, se = gain(got, name, "dpo")
+            columns[f"{name}-dpo"].append(d)
+            cells.append(f"{d:+.2f} ± {se:.2f}")
+        columns["rm"].append(got["rm/eval_accuracy"])
+        columns["minutes"].append(got["seconds"] / 60)
+        cells += [
+            f"{got['rm/eval_accuracy']:.3f} ({got['rm/label_noise_ceiling']:.3f})",
+            " / ".join(f"{got[f'kl/{n}']:.2f}" for n in GAINS),
+            f"{got['seconds'] / 60:.0f}",
+        ]
+        rows.append(cells)
+    if len(rows) > 1:
+        rows.append(
+            [
+                "mean ± s.e.",
+                pm(mean_se(columns["sft"])),
+                *(pm(mean_se(columns[k]), sign="+") for k in (*GAINS, "ppo-dpo", "iterated-dpo")),
+                f"{statistics.mean(columns['rm']):.3f}",
+                "",
+                f"{statistics.mean(columns['minutes']):.0f}",
+            ]
+        )
+    header = [
+        "seed",
+        "gold: SFT",
+        *(f"gain: {label}" for label in GAINS.values()),
+        "PPO − DPO",
+        "iterated PPO − DPO",
+        "RM accuracy (ceiling)",
+        "KL to SFT: " + " / ".join(GAINS.values()),
+        "minutes",
+    ]
+    return [*table(header, rows), "", sources(run)]
+
+
+def demo_rounds(where: tuple[str, str] = SMOLLM2_RUN) -> list[str]:
+    """Iterated PPO per seed and round: the new on-policy labels, the reward model's accuracy on them before it
+    trained on them and after, and the round's last PPO step's reward, KL and held-out gold."""
+    run = Run("demo", *where)
+    rows = []
+    for seed, got in seeds_of(run):
+        for r in got.get("iterated/rounds") or []:
+            rows.append(
+                [
+                    seed,
+                    r["round"],
+                    r["labels"],
+                    f"{r['rm_accuracy_new_pairs']:.3f}",
+                    f"{r['rm_accuracy_new_pairs_after_update']:.3f}",
+                    f"{r['reward']:.2f}",
+                    f"{r['kl']:.2f}",
+                    "" if r.get("gold") is None else f"{r['gold']:.2f}",
+                ]
+            )
+    header = ["seed", "round", "new labels", "RM accuracy before", "after", "reward", "KL to SFT", "gold"]
+    return [*table(header, rows), "", sources(run)]

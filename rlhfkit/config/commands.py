@@ -241,6 +241,9 @@ class DemoConfig:
     7.4M (gpt2) or 9.2M (llama); small takes much longer to run (docs/demo.md has the times)."""
     quick: bool = False
     """A few steps per stage: checks the wiring in seconds; the numbers mean nothing."""
+    kl_ablation: bool | None = None
+    """support task: also run PPO without the KL penalty (beta = 0), which shows the reward model
+    over-optimised. Default: on for the built-in model, off with --model (where it is one more PPO run)."""
     progress: bool = True
     """Show progress bars of the stages."""
     threads: int = 1

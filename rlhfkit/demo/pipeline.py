@@ -215,7 +215,10 @@ def run(cfg: DemoConfig) -> dict:
     start = time.perf_counter()
     run_plan = plan(cfg.quick, cfg.model)
     settings = run_plan.settings
-    total = 8 if cfg.model else 9
+    # The beta = 0 run shows what the KL penalty is for; on a pretrained model it is one more PPO run, so it runs
+    # there only when asked.
+    ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
+    total = (8 if cfg.model else 9) - (not ablation)
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
@@ -245,13 +248,13 @@ def run(cfg: DemoConfig) -> dict:
     # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
     # (each stage on cfg.threads threads; a seed gives the same numbers either way).
     job = None
-    if cfg.threads and 2 * cfg.threads <= (os.cpu_count() or 1):
+    if ablation and cfg.threads and 2 * cfg.threads <= (os.cpu_count() or 1):
         # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
         no_kl = no_kl.replace("--progress false", "--progress true")
         job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)
     try:
         stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
-        if job is None:
+        if ablation and job is None:
             stages.run(no_kl_name, lambda: _run("ppo", no_kl))
         stages.run(
             "DPO",
@@ -276,7 +279,7 @@ def run(cfg: DemoConfig) -> dict:
         prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
         gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
         results = {}
-        policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo")}
+        policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo") if ablation or name != "ppo_no_kl"}
         policies["iterated"] = out / "iterated" / "final"
         for name, policy in policies.items():
             metrics, rows = evaluate_policy(

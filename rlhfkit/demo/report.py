@@ -60,7 +60,7 @@ def plot(out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = {name: _metrics(out / name) for name in ("ppo", "ppo_no_kl")}
+    runs = {name: rows for name in ("ppo", "ppo_no_kl") if (rows := _metrics(out / name))}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, key, title in zip(
         axes, ("reward/score", "kl/ref", "policy/entropy"), ("RM score", "KL to reference", "entropy")
@@ -69,7 +69,8 @@ def plot(out: Path) -> list[str]:
             ax.plot(*_series(rows, key), label=MODELS[name])
         ax.set_title(title)
         ax.set_xlabel("PPO step")
-        ax.legend()
+        if runs:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(out / "ppo_curves.png", dpi=110)
     plt.close(fig)
@@ -82,7 +83,8 @@ def plot(out: Path) -> list[str]:
             ax.plot(*_series(rows, key), marker="o" if key == "reward/gold" else None, label=MODELS[name])
         ax.set_title(title)
         ax.set_xlabel("PPO step")
-        ax.legend()
+        if runs:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(out / "proxy_vs_gold.png", dpi=110)
     plt.close(fig)
@@ -149,53 +151,36 @@ def headline(
     ceiling: float,
     no_kl_peak: tuple[int, float] | None = None,
     rounds: list[float | None] | None = None,
+    diff_se: dict[str, float] | None = None,
 ) -> list[str]:
     """The report's opening in plain words: what was trained (``ABOUT``), and what the numbers show.
     ``no_kl_peak``: the (step, gold) at which the beta = 0 run's logged gold score peaked; ``rounds``: iterated
-    PPO's reward-model accuracy on each round's new pairs before its update."""
+    PPO's reward-model accuracy on each round's new pairs before its update; ``diff_se``: the paired standard
+    errors of the gold differences (``paired_standard_errors``), else the two errors in quadrature. Without a
+    beta = 0 run (``ppo_no_kl`` not in ``m``) its paragraph is left out."""
     gold = {n: m[n]["reward/gold"] for n in MODELS if n in m}
-    hack = m["ppo_no_kl"]
-    kl, kl_ppo = hack.get("kl/ref", float("nan")), m["ppo"].get("kl/ref", float("nan"))
+    diff_se = diff_se or {}
 
     def moved(name: str) -> str:
         delta = gold[name] - gold["sft"]
         text = f"raised it by {number(delta, '+.2f')}" if delta > 0 else f"changed it by {number(delta, '+.2f')}"
-        se = math.hypot(m[name].get("reward/gold_se", math.nan), m["sft"].get("reward/gold_se", math.nan))
+        se = diff_se.get(f"{name}-sft")
+        if se is None:
+            se = math.hypot(m[name].get("reward/gold_se", math.nan), m["sft"].get("reward/gold_se", math.nan))
         return text if math.isnan(se) else f"{text} (± {se:.2f})"
 
-    over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["ppo"]
-    if over:
-        where = "below where it started" if gold["ppo_no_kl"] < gold["sft"] else "below PPO's with the penalty"
-        peak = (
-            f" During training its gold score on the held-out prompts peaked at {no_kl_peak[1]:.2f} "
-            f"(step {no_kl_peak[0]}) and then fell while the reward model's score kept rising."
-            if no_kl_peak is not None and no_kl_peak[1] > gold["ppo_no_kl"]
-            else ""
-        )
-        no_kl = (
-            f"Without the KL penalty (beta = 0) PPO pushes the reward model's score higher still "
-            f"({hack['reward/score']:.2f} against {m['ppo']['reward/score']:.2f}) while the gold score ends at "
-            f"{gold['ppo_no_kl']:.2f}, {where}: the policy has found what the reward model gets wrong (reward "
-            f"over-optimisation), drifting far from the SFT model (KL {number(kl, '.0f')} against "
-            f"{number(kl_ppo, '.1f')}).{peak}"
-        )
-    else:
-        no_kl = (
-            f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
-            f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model (KL {number(kl, '.1f')} "
-            f"against {number(kl_ppo, '.1f')}) did not cost gold score within its steps, so the over-optimisation "
-            "it risks does not show here."
-        )
+    no_kl = _no_kl_text(m, gold, no_kl_peak) if "ppo_no_kl" in m else ""
     shows = (
         f"**What it shows.** The SFT model's replies score {gold['sft']:.2f} with the gold judge (out of 5). "
         f"PPO with the KL penalty {moved('ppo')}, to {gold['ppo']:.2f}; DPO {moved('dpo')}, to {gold['dpo']:.2f}. "
         + (
-            "(± is one standard error of the difference, from the spread of the replies' gold scores.) "
+            "(± is one standard error of the difference, from the reply-by-reply differences on the same prompts.) "
             if not math.isnan(m["sft"].get("reward/gold_se", math.nan))
             else ""
         )
         + no_kl
-        + f" The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
+        + (" " if no_kl else "")
+        + f"The reward model ranks {rm_acc:.0%} of held-out pairs as the raters did; a perfect judge would "
         f"reach {ceiling:.0%}, since the raters are noisy."
     )
     if "iterated" in m:
@@ -210,6 +195,34 @@ def headline(
                 f"{accuracies} of the time, round by round."
             )
     return [ABOUT, "", shows]
+
+
+def _no_kl_text(m: dict, gold: dict, no_kl_peak: tuple[int, float] | None) -> str:
+    """What the beta = 0 run shows: over-optimisation of the reward model, or that it did not show."""
+    hack = m["ppo_no_kl"]
+    kl, kl_ppo = hack.get("kl/ref", float("nan")), m["ppo"].get("kl/ref", float("nan"))
+    over = hack["reward/score"] > m["ppo"]["reward/score"] and gold["ppo_no_kl"] < gold["ppo"]
+    if over:
+        where = "below where it started" if gold["ppo_no_kl"] < gold["sft"] else "below PPO's with the penalty"
+        peak = (
+            f" During training its gold score on the held-out prompts peaked at {no_kl_peak[1]:.2f} "
+            f"(step {no_kl_peak[0]}) and then fell while the reward model's score kept rising."
+            if no_kl_peak is not None and no_kl_peak[1] > gold["ppo_no_kl"]
+            else ""
+        )
+        return (
+            f"Without the KL penalty (beta = 0) PPO pushes the reward model's score higher still "
+            f"({hack['reward/score']:.2f} against {m['ppo']['reward/score']:.2f}) while the gold score ends at "
+            f"{gold['ppo_no_kl']:.2f}, {where}: the policy has found what the reward model gets wrong (reward "
+            f"over-optimisation), drifting far from the SFT model (KL {number(kl, '.0f')} against "
+            f"{number(kl_ppo, '.1f')}).{peak}"
+        )
+    return (
+        f"Without the KL penalty (beta = 0) PPO ends at gold {gold['ppo_no_kl']:.2f} with reward-model "
+        f"score {hack['reward/score']:.2f}: in this run the drift from the SFT model (KL {number(kl, '.1f')} "
+        f"against {number(kl_ppo, '.1f')}) did not cost gold score within its steps, so the over-optimisation "
+        "it risks does not show here."
+    )
 
 
 def _iterated_rounds(run_dir: Path) -> list[dict]:
@@ -300,7 +313,7 @@ def write_report(
     lines = [
         "# rlhfkit demo: customer-support replies",
         "",
-        *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak, rounds)),
+        *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak, rounds, summary["gold_diff_se"])),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
         "replies to held-out prompts; the gold judge is never used for training.",
@@ -330,7 +343,7 @@ def write_report(
         "(the accuracy of the raters' own rule, the gold judge, on the same noisy labels).",
         "",
         *_iterated_table(iterated),
-        "## Over-optimisation",
+        "## Over-optimisation" if "ppo_no_kl" in m else "## PPO during training",
         "",
         "![PPO curves](ppo_curves.png)",
         "",
@@ -372,7 +385,9 @@ def write_report(
         lines += ["", "## Settings", ""]
         lines += [f"- {note}" for note in plan.notes]
         lines += [f"- {stage}: `{flags}`" for stage, flags in plan.settings.items()]
-        lines += [f"- PPO without KL: {plan.no_kl_steps} steps; {plan.eval_samples} sample(s) per held-out prompt"]
+        if "ppo_no_kl" in m:
+            lines += [f"- PPO without KL: {plan.no_kl_steps} steps"]
+        lines += [f"- evaluation: {plan.eval_samples} sample(s) per held-out prompt"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     summary["plots"] = plots
     return summary

@@ -256,8 +256,9 @@ def test_report_gives_each_gold_score_its_standard_error(tmp_path):
     assert summary["gold_se/ppo"] == pytest.approx(0.5774, abs=1e-4) and summary["gold_se/dpo"] == 0.0
     report = (tmp_path / "report.md").read_text()
     assert "| SFT | 2.000 ± 0.408 |" in report and "| PPO (KL on) | 3.000 ± 0.577 |" in report
-    # the differences from SFT: their errors added in quadrature
-    assert "raised it by +1.00 (± 0.71), to 3.00" in report and "raised it by +1.00 (± 0.41), to 3.00" in report
+    # the differences from SFT, reply by reply: PPO's are 1, 0, 1, 2 and DPO's 2, 1, 0, 1
+    assert summary["gold_diff_se"]["ppo-sft"] == pytest.approx(0.4082, abs=1e-4)
+    assert "raised it by +1.00 (± 0.41), to 3.00" in report
     assert "one standard error of the difference" in report
 
 
@@ -340,7 +341,12 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     # iterated PPO runs on a given model too, continuing from its SFT stage
     assert "iterated PPO" in summary["stage_seconds"] and "gold/iterated" in summary
     assert yaml.safe_load((out / "iterated" / "config.yaml").read_text())["model"] == str(out / "sft")
+    # on a given model the beta = 0 run is left out unless asked for (--kl-ablation true)
+    assert "gold/ppo_no_kl" not in summary and not (out / "ppo_no_kl").exists()
+    assert not any("beta = 0" in stage for stage in summary["stage_seconds"])
+    assert set(summary["gold_diff_se"]) >= {"ppo-sft", "dpo-sft", "iterated-dpo"} and summary["seed"] == 0
     report = (out / "report.md").read_text()
+    assert "| PPO (beta = 0) |" not in report and "PPO without KL" not in report
     assert f"A pretrained language model (`{tiny_model_dir}`)" in report and "## Settings" in report
     assert "trained from scratch" not in report
     assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1

@@ -244,6 +244,9 @@ class DemoConfig:
     kl_ablation: bool | None = None
     """support task: also run PPO without the KL penalty (beta = 0), which shows the reward model
     over-optimised. Default: on for the built-in model, off with --model (where it is one more PPO run)."""
+    resume: bool = False
+    """Continue a demo that stopped, in the same --output-dir with the same options: the stages it finished
+    (stages.json) are kept, the others run again, iterated PPO from its last finished round."""
     progress: bool = True
     """Show progress bars of the stages."""
     threads: int = 1

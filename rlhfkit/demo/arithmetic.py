@@ -69,8 +69,9 @@ def run(cfg: DemoConfig) -> dict:
             results[name] = {"metrics": metrics, "samples": rows}
         return results
 
-    results = stages.run("evaluation on held-out problems", evaluate_both)
-    summary = write_report(out, results, stages.seconds, time.perf_counter() - start, cfg.quick)
+    results = stages.run("evaluation on held-out problems", evaluate_both, keep=False)
+    seconds = time.perf_counter() - start + stages.earlier_seconds
+    summary = write_report(out, results, stages.seconds, seconds, cfg.quick)
     announce_report(out)
     return summary
 

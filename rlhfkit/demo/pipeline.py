@@ -31,6 +31,7 @@ from rlhfkit.errors import UserError, option
 console = Console(stderr=True)
 
 EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
+STAGES_FILE = "stages.json"  # the finished stages, what --resume keeps
 
 
 def _run(command: str, argv: str):
@@ -84,11 +85,35 @@ class Stages:
     moment the child exits, among the stages running then, and ``beside`` names the stages that ran meanwhile.
     ``seconds`` and ``load`` list the stages in the order they started."""
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, record: Path | None = None, identity: dict | None = None, resume: bool = False):
         self.total, self.done, self.seconds, self.load = total, 0, {}, {}
         self.beside: dict[str, str] = {}
         self.pending: list[Background] = []
         self.order: list[str] = []
+        # ``record`` (stages.json) lists the finished stages with their times, under the run's ``identity`` (task,
+        # seed, model, ...). With ``resume`` the stages an earlier run of the same demo finished are kept.
+        self.record, self.identity = record, identity or {}
+        self.earlier: dict[str, dict] = {}
+        self.earlier_seconds = 0.0
+        if record is not None and resume and record.is_file():
+            saved = json.loads(record.read_text())
+            if saved.get("identity") != self.identity:
+                raise UserError(
+                    f"demo: {record.parent} holds a demo run with other settings ({saved.get('identity')}); "
+                    f"{option('resume', True)} continues only the same run: give a new {option('output_dir')}"
+                )
+            self.earlier = saved.get("stages", {})
+
+    def kept(self, name: str) -> bool:
+        """Whether an earlier run finished stage ``name`` (then it is shown as kept, with that run's time)."""
+        if name not in self.earlier:
+            return False
+        self._header(name)
+        seconds = self.earlier[name]["seconds"]
+        self.earlier_seconds += seconds
+        self._record(name, seconds, self.earlier[name]["load"])
+        console.print(f"[green]kept[/green] {escape(name)}: finished by an earlier run (in {seconds:.0f}s)")
+        return True
 
     def _header(self, name: str) -> None:
         self.done += 1
@@ -99,8 +124,16 @@ class Stages:
         self.seconds[name], self.load[name] = seconds, load
         self.seconds = {n: self.seconds[n] for n in self.order if n in self.seconds}
         self.load = {n: self.load[n] for n in self.order if n in self.load}
+        if self.record is not None:
+            stages = {n: {"seconds": self.seconds[n], "load": self.load[n]} for n in self.seconds}
+            tmp = self.record.with_name(self.record.name + ".tmp")
+            tmp.write_text(json.dumps({"identity": self.identity, "stages": stages}, indent=2) + "\n")
+            tmp.replace(self.record)
 
-    def start(self, name: str, command: str, argv: str, log: Path, threads: int) -> Background:
+    def start(self, name: str, command: str, argv: str, log: Path, threads: int) -> Background | None:
+        """None: an earlier run finished this stage (``kept``)."""
+        if self.kept(name):
+            return None
         log = log.resolve()
         self._header(name)
         console.print(f"in a child process beside the next stages; its log: {escape(str(log))}", soft_wrap=True)
@@ -133,7 +166,11 @@ class Stages:
         self._record(job.name, job.seconds, job.load)
         self.beside[job.name] = ", ".join(job.beside)
 
-    def run(self, name: str, fn):
+    def run(self, name: str, fn, keep: bool = True):
+        """Run stage ``name`` (``fn()``) and return its result; one an earlier run finished is kept instead
+        (None) unless ``keep`` is False (a stage whose result the next ones need)."""
+        if keep and self.kept(name):
+            return None
         for job in self.pending:
             if job.seconds is None:  # still running
                 job.beside.append(name)
@@ -160,14 +197,15 @@ def begin(
     runner)."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stages = Stages(total=total)
     model = cfg.model
+    identity = {k: getattr(cfg, k) for k in ("task", "seed", "model", "quick", "arch", "size", "kl_ablation")}
+    stages = Stages(total=total, record=out / STAGES_FILE, identity=identity, resume=cfg.resume)
 
     def task_data():
         files = write_task_data(out / "data", seed=cfg.seed, sizes=sizes)
         return chat_rows(files, model, out / "data" / "chat") if model else files
 
-    data = {k: str(v) for k, v in stages.run("task data", task_data).items()}
+    data = {k: str(v) for k, v in stages.run("task data", task_data, keep=False).items()}
     if not model:
         stages.run(
             "init-model",
@@ -180,7 +218,7 @@ def begin(
     return out, data, stages
 
 
-def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: str) -> dict:
+def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: str, resume: bool = False) -> dict:
     """Iterated PPO on the same number of preference labels as the reward model and DPO: the first half of the
     offline pairs trains its first reward model, and the task's simulated raters (``--judge support``, the rule
     that labelled those pairs) label the policy's own pairs for the other half, spread over the rounds."""
@@ -194,7 +232,7 @@ def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: 
         "iterate",
         f"--model {out}/sft --prefs {offline} --data {data['prompts_train']} --eval-data {data['prompts_eval']} "
         f"--judge support --gold-judge support --pairs-per-round {per_round} --output-dir {out}/iterated "
-        f"{flags} {common}",
+        f"{flags} {common.replace('--overwrite-output-dir', '--resume') if resume else common}",
     )
 
 
@@ -264,7 +302,7 @@ def run(cfg: DemoConfig) -> dict:
                 f"--output-dir {out}/dpo {settings['dpo']} {common}",
             ),
         )
-        stages.run("iterated PPO", lambda: run_iterated(out, data, settings["iterate"], run_plan, common))
+        stages.run("iterated PPO", lambda: run_iterated(out, data, settings["iterate"], run_plan, common, cfg.resume))
     except BaseException:
         if job is not None:
             job.process.kill()
@@ -295,11 +333,19 @@ def run(cfg: DemoConfig) -> dict:
             results[name] = {"metrics": metrics, "samples": rows}
         return results
 
-    results = stages.run("evaluation on held-out prompts", evaluate_all)
+    results = stages.run("evaluation on held-out prompts", evaluate_all, keep=False)
     prefs_eval = [json.loads(line) for line in open(data["prefs_eval"])]
     ceiling = label_noise_ceiling(prefs_eval)
     summary = write_report(
-        out, results, ceiling, stages, time.perf_counter() - start, cfg.quick, run_plan, cfg.model, cfg.seed
+        out,
+        results,
+        ceiling,
+        stages,
+        time.perf_counter() - start + stages.earlier_seconds,
+        cfg.quick,
+        run_plan,
+        cfg.model,
+        cfg.seed,
     )
     announce_report(out)
     return summary

@@ -70,8 +70,8 @@ def run(cfg: DemoConfig) -> dict:
         prompts = [row["prompt"] for row in rows] * (1 if cfg.quick else EVAL_SAMPLES_PER_PROMPT)
         return {name: evaluate_conversations(str(out / name), prompts, tool, seed=cfg.seed) for name in POLICIES}
 
-    results = stages.run("evaluation on held-out sums", evaluate_both)
-    summary = write_report(out, results, stages, time.perf_counter() - start, cfg.quick)
+    results = stages.run("evaluation on held-out sums", evaluate_both, keep=False)
+    summary = write_report(out, results, stages, time.perf_counter() - start + stages.earlier_seconds, cfg.quick)
     announce_report(out)
     return summary
 

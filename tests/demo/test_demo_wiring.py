@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import statistics
 from types import SimpleNamespace
 
@@ -351,6 +352,28 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert "trained from scratch" not in report
     assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1
     assert "runs the support task" in capsys.readouterr().err
+
+    # --resume: a demo stopped during DPO continues there; the stages it finished are kept, not run again
+    record = json.loads((out / "stages.json").read_text())
+    names = list(record["stages"])
+    assert names == list(summary["stage_seconds"])
+    cut = names.index("DPO")
+    record["stages"] = {n: record["stages"][n] for n in names[:cut]}
+    (out / "stages.json").write_text(json.dumps(record))
+    shutil.rmtree(out / "dpo")
+    sft_weights = (out / "sft" / "model.safetensors").stat().st_mtime_ns
+    assert main(["demo", *flags, "--resume"]) == 0
+    console = console_lines(capsys.readouterr().err)
+    assert [line.split(":")[0] for line in console if line.startswith("kept")] == [f"kept {n}" for n in names[1:cut]]
+    assert (out / "dpo" / "model.safetensors").is_file()
+    assert (out / "sft" / "model.safetensors").stat().st_mtime_ns == sft_weights
+    resumed = json.loads((out / "summary.json").read_text())
+    assert list(resumed["stage_seconds"]) == names
+    assert resumed["stage_seconds"]["SFT"] == summary["stage_seconds"]["SFT"]  # the earlier run's time
+    assert resumed["seconds"] >= sum(summary["stage_seconds"][n] for n in names[1:cut])
+    # only the same run continues
+    assert main(["demo", *flags, "--resume", "--seed", "1"]) == 1
+    assert "holds a demo run with other settings" in capsys.readouterr().err
 
 
 def test_paired_standard_errors_take_the_differences_reply_by_reply():

@@ -8,7 +8,7 @@ Per seed, one after the other: `rlhfkit demo [--model PATH] --seed S --threads T
 process, exactly as a user runs it (its output under --work-dir/seedS, its log beside it), then the run's
 summary.json without its sample replies. A seed whose folder already holds a finished run of the same model and
 seed (summary.json) is read, not run again: a run started by hand with that command, or one an interrupted
-benchmark finished. The result carries a stamp (bench/stamp.py) and is merged into --out after every seed
+benchmark finished; one it left half done continues at its first unfinished stage (the demo's --resume). The result carries a stamp (bench/stamp.py) and is merged into --out after every seed
 (bench/results_file.py); bench/tables.py renders docs/demo.md's tables from it.
 """
 
@@ -35,7 +35,8 @@ def demo_command(args, seed: int, out: Path) -> list[str]:
         cmd += ["--model", args.model]
     if args.quick:
         cmd.append("--quick")
-    return [*cmd, "--threads", str(args.threads), "--progress", "false"]
+    # --resume: a seed an interrupted benchmark left half done continues at its first unfinished stage
+    return [*cmd, "--threads", str(args.threads), "--progress", "false", "--resume"]
 
 
 def finished(out: Path, args, seed: int) -> dict | None:

@@ -8,8 +8,8 @@ import statistics
 
 from table_parts import AVX2, Run, mean_se, pm, sources, table
 
-# The SmolLM2-135M-Instruct runs the tables show (machine key, run key).
-SMOLLM2_RUN = (AVX2, "")
+# The SmolLM2-135M-Instruct runs the tables show (machine key, run key); their seeds are shown together.
+SMOLLM2_RUNS = [(AVX2, "")]
 GAINS = {"ppo": "PPO", "iterated": "iterated PPO", "dpo": "DPO"}
 
 
@@ -25,17 +25,22 @@ def gain(got: dict, name: str, than: str = "sft") -> tuple[float, float]:
     return diff, se
 
 
-def seeds_of(run: Run) -> list[tuple[str, dict]]:
-    return sorted(run["seeds"].items(), key=lambda kv: int(kv[0]))
+def seeds_of(runs: list[Run]) -> list[tuple[str, dict]]:
+    """Every seed of ``runs`` in seed order; a seed in two runs stops the tables."""
+    seeds = [kv for run in runs for kv in run["seeds"].items()]
+    numbers = [int(k) for k, _ in seeds]
+    if len(set(numbers)) != len(numbers):
+        raise SystemExit(f"tables: a seed repeats in the demo runs {[run.key for run in runs]}")
+    return sorted(seeds, key=lambda kv: int(kv[0]))
 
 
-def demo_seeds(where: tuple[str, str] = SMOLLM2_RUN) -> list[str]:
+def demo_seeds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
     """Per seed: SFT's gold, each policy's gain over SFT (± its paired standard error), PPO's and iterated PPO's
     lead over DPO, the reward model's held-out accuracy and the label-noise ceiling, KL to SFT, minutes. Last
     row: the mean over seeds ± its standard error."""
-    run = Run("demo", *where)
+    runs = [Run("demo", *w) for w in where]
     rows, columns = [], {k: [] for k in ("sft", *GAINS, "ppo-dpo", "iterated-dpo", "rm", "minutes")}
-    for seed, got in seeds_of(run):
+    for seed, got in seeds_of(runs):
         cells = [seed, f"{got['gold/sft']:.2f}"]
         columns["sft"].append(got["gold/sft"])
         for name in GAINS:
@@ -75,15 +80,15 @@ def demo_seeds(where: tuple[str, str] = SMOLLM2_RUN) -> list[str]:
         "KL to SFT: " + " / ".join(GAINS.values()),
         "minutes",
     ]
-    return [*table(header, rows), "", sources(run)]
+    return [*table(header, rows), "", sources(*runs)]
 
 
-def demo_rounds(where: tuple[str, str] = SMOLLM2_RUN) -> list[str]:
+def demo_rounds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
     """Iterated PPO per seed and round: the new on-policy labels, the reward model's accuracy on them before it
     trained on them and after, and the round's last PPO step's reward, KL and held-out gold."""
-    run = Run("demo", *where)
+    runs = [Run("demo", *w) for w in where]
     rows = []
-    for seed, got in seeds_of(run):
+    for seed, got in seeds_of(runs):
         for r in got.get("iterated/rounds") or []:
             rows.append(
                 [
@@ -98,4 +103,4 @@ def demo_rounds(where: tuple[str, str] = SMOLLM2_RUN) -> list[str]:
                 ]
             )
     header = ["seed", "round", "new labels", "RM accuracy before", "after", "reward", "KL to SFT", "gold"]
-    return [*table(header, rows), "", sources(run)]
+    return [*table(header, rows), "", sources(*runs)]

@@ -292,7 +292,7 @@ def run(cfg: DemoConfig) -> dict:
         job = stages.start(no_kl_name, "ppo", no_kl, out / "ppo_no_kl.log", cfg.threads)
     try:
         stages.run("PPO (KL penalty on)", lambda: _run("ppo", f"{ppo} --output-dir {out}/ppo"))
-        if ablation and job is None:
+        if ablation and job is None and no_kl_name not in stages.seconds:  # not started beside, nor kept
             stages.run(no_kl_name, lambda: _run("ppo", no_kl))
         stages.run(
             "DPO",

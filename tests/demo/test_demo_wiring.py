@@ -386,3 +386,30 @@ def test_paired_standard_errors_take_the_differences_reply_by_reply():
     assert got["c-a"] == pytest.approx(statistics.stdev([0.0, -4.0, 5.0]) / math.sqrt(3))
     assert set(got) == {"b-a", "c-a", "c-b"}
     assert math.isnan(paired_standard_errors({"a": rows([1.0]), "b": rows([2.0])})["b-a"])
+
+
+def test_resumed_stages_are_kept_once_with_their_earlier_times(tmp_path, capsys):
+    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.errors import UserError
+
+    record = tmp_path / "stages.json"
+    first = Stages(total=3, record=record, identity={"seed": 0})
+    first.run("a", lambda: 1)
+    first.run("b", lambda: 2)
+    saved = json.loads(record.read_text())
+    assert list(saved["stages"]) == ["a", "b"] and saved["identity"] == {"seed": 0}
+
+    again = Stages(total=3, record=record, identity={"seed": 0}, resume=True)
+    assert again.start("a", "ppo", "--help", tmp_path / "a.log", 1) is None  # kept: no child started
+    assert not (tmp_path / "a.log").exists()
+    assert again.run("b", lambda: 1 / 0) is None  # kept: not run
+    assert again.run("c", lambda: 3) == 3
+    assert again.done == 3 and list(again.seconds) == ["a", "b", "c"]
+    assert again.earlier_seconds == saved["stages"]["a"]["seconds"] + saved["stages"]["b"]["seconds"]
+    console = console_lines(capsys.readouterr().err)
+    assert sum(line.startswith("kept") for line in console) == 2
+    # without --resume the record starts again; with another identity --resume is refused
+    Stages(total=1, record=record, identity={"seed": 0}).run("z", lambda: 0)
+    assert list(json.loads(record.read_text())["stages"]) == ["z"]
+    with pytest.raises(UserError, match="other settings"):
+        Stages(total=1, record=record, identity={"seed": 1}, resume=True)

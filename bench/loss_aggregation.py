@@ -120,10 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         help="the benchmark's JSON file: this run is merged into it under its machine and run key",
     )
     ap.add_argument("--work-dir", default=str(BENCH / "results" / "work" / "loss_aggregation"), help="run outputs")
-    results_file.add_report_options(ap)
-    args = ap.parse_args(argv)
-    if args.report:
-        results_file.print_report(Path(args.report), args.run, print_table)
+    args = results_file.parse_or_report(ap, argv, print_table)
+    if args is None:  # --report: printed
         return
     stamp = Stamp()
     runs = [tuple(r.strip().split(":", 1)) for r in args.runs.split(",") if r.strip()]

@@ -299,10 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="torch threads in every run (OMP_NUM_THREADS); 0 keeps torch's default (one per core)",
     )
-    results_file.add_report_options(ap)
-    args = ap.parse_args(argv)
-    if args.report:
-        results_file.print_report(Path(args.report), args.run, print_table)
+    args = results_file.parse_or_report(ap, argv, print_table)
+    if args is None:  # --report: printed
         return
     stamp = Stamp()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]

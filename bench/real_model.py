@@ -284,10 +284,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-wait", type=float, default=15, help="seconds to wait for that before running anyway")
     ap.add_argument("--out", default=str(BENCH / "results" / "real_model.json"), help="the benchmark's JSON file")
     ap.add_argument("--work-dir", default=str(BENCH / "results" / "work"), help="models and run outputs")
-    results_file.add_report_options(ap)
-    args = ap.parse_args(argv)
-    if args.report:
-        results_file.print_report(Path(args.report), args.run, print_table)
+    args = results_file.parse_or_report(ap, argv, print_table)
+    if args is None:  # --report: printed
         return
     stamp = Stamp()
     wanted = wanted_rows(ap, args.rows, ROWS)

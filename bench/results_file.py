@@ -113,6 +113,17 @@ def add_report_options(ap) -> None:
     ap.add_argument("--run", metavar="TEXT", help="with --report: only the runs whose machine / run key has TEXT")
 
 
+def parse_or_report(ap, argv: list[str] | None, print_table):
+    """A benchmark's arguments, with its ``--report`` / ``--run`` options added; with ``--report`` the tables of
+    the file's runs are printed instead and None is returned."""
+    add_report_options(ap)
+    args = ap.parse_args(argv)
+    if args.report:
+        print_report(Path(args.report), args.run, print_table)
+        return None
+    return args
+
+
 def print_report(path: Path, text: str | None, print_table) -> None:
     """``print_table(run)`` for each run of the file at ``path`` that ``select`` picks, under its machine and key."""
     for machine, key, run in select(read(path), text):

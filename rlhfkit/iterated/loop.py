@@ -122,6 +122,7 @@ class Iteration:
             packing=dataclasses.replace(c.packing),
             run=RunArgs(
                 output_dir=str(out),
+                overwrite_output_dir=True,  # what a stopped run left of this unfinished model is replaced
                 seed=seed,
                 logging_steps=c.run.logging_steps,
                 mixed_precision=c.run.mixed_precision,
@@ -248,6 +249,7 @@ class Iteration:
             ppo.kl.ref_model = self.sft  # the reference stays the SFT model in every round
         steps = c.optim.max_steps
         ppo.run.output_dir, ppo.run.resume, ppo.run.seed = str(out), False, c.run.seed + round_k
+        ppo.run.overwrite_output_dir = True  # a round without its record is redone from its labels
         ppo.run.save_steps, ppo.run.save_total_limit = steps, 1  # the last step's checkpoint holds the value model
         ppo.check()
         return ppo

@@ -88,14 +88,29 @@ def test_the_judges_preference_rises_in_the_policy(two_rounds, iterate_task):
     assert second > first + 0.1 and last > first + 0.2, (first, second, last)
 
 
-def test_resume_keeps_finished_rounds_and_labelled_pairs(two_rounds, iterate_task, tmp_path, capsys):
+def _stop_in_rm(r: Path) -> None:  # killed while its reward model trained: no statistics, no PPO
+    (r / "rm" / "reward_stats.json").unlink()
+    shutil.rmtree(r / "ppo")
+
+
+def _stop_in_ppo(r: Path) -> None:  # killed while PPO trained: its log and config written, no model yet
+    (r / "ppo" / "model.safetensors").unlink()
+    shutil.rmtree(r / "ppo" / "value")
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [lambda r: shutil.rmtree(r / "ppo"), _stop_in_rm, _stop_in_ppo],
+    ids=["after-its-reward-model", "inside-its-reward-model", "inside-ppo"],
+)
+def test_resume_keeps_finished_rounds_and_labelled_pairs(two_rounds, iterate_task, tmp_path, capsys, stop):
     out = tmp_path / "out"
     shutil.copytree(two_rounds, out)
     kept = {
         p: (out / p).read_bytes() for p in ("round-1/round.json", "round-2/candidates.jsonl", "round-2/pairs.jsonl")
     }
-    # round 2 stopped after its reward model: its PPO and its record are gone
-    shutil.rmtree(out / "round-2" / "ppo")
+    # round 2 stopped before its record was written; what its stopped stage left is replaced on resume
+    stop(out / "round-2")
     (out / "round-2" / "round.json").unlink()
     t = iterate_task
     flags = ["--model", t["sft"], "--prefs", t["prefs"], "--data", t["prompts"], "--output-dir", out]
@@ -109,6 +124,7 @@ def test_resume_keeps_finished_rounds_and_labelled_pairs(two_rounds, iterate_tas
     for path, data in kept.items():
         assert (out / path).read_bytes() == data, path
     assert (out / "round-2" / "ppo" / "value" / "model.safetensors").is_file()
+    assert (out / "round-2" / "rm" / "reward_stats.json").is_file()
     assert len(json.loads((out / "summary.json").read_text())["rounds"]) == 2
 
 

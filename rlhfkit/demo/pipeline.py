@@ -166,9 +166,10 @@ class Stages:
         self._record(job.name, job.seconds, job.load)
         self.beside[job.name] = ", ".join(job.beside)
 
-    def run(self, name: str, fn, keep: bool = True):
+    def run(self, name: str, fn, keep: bool = True, done_before: float = 0.0):
         """Run stage ``name`` (``fn()``) and return its result; one an earlier run finished is kept instead
-        (None) unless ``keep`` is False (a stage whose result the next ones need)."""
+        (None) unless ``keep`` is False (a stage whose result the next ones need). ``done_before``: the seconds an
+        earlier run spent on the part of this stage that ``fn`` continues (counted in the stage's time)."""
         if keep and self.kept(name):
             return None
         for job in self.pending:
@@ -177,8 +178,10 @@ class Stages:
         self._header(name)
         start = time.perf_counter()
         result = fn()
-        self._record(name, time.perf_counter() - start, _load_average())
-        console.print(f"[green]done[/green] {escape(name)} in {self.seconds[name]:.0f}s")
+        self._record(name, time.perf_counter() - start + done_before, _load_average())
+        self.earlier_seconds += done_before
+        earlier = f" ({done_before:.0f}s of it by an earlier run)" if done_before else ""
+        console.print(f"[green]done[/green] {escape(name)} in {self.seconds[name]:.0f}s{earlier}")
         return result
 
 
@@ -216,6 +219,13 @@ def begin(
             ),
         )
     return out, data, stages
+
+
+def iterated_seconds_done(out: Path) -> float:
+    """The seconds an earlier run of iterated PPO spent on its finished rounds and its first reward model (what
+    ``rlhfkit iterate --resume`` keeps of it)."""
+    path = out / "iterated" / "summary.json"
+    return json.loads(path.read_text(encoding="utf-8"))["totals"]["seconds"] if path.is_file() else 0.0
 
 
 def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: str, resume: bool = False) -> dict:
@@ -302,7 +312,11 @@ def run(cfg: DemoConfig) -> dict:
                 f"--output-dir {out}/dpo {settings['dpo']} {common}",
             ),
         )
-        stages.run("iterated PPO", lambda: run_iterated(out, data, settings["iterate"], run_plan, common, cfg.resume))
+        stages.run(
+            "iterated PPO",
+            lambda: run_iterated(out, data, settings["iterate"], run_plan, common, cfg.resume),
+            done_before=iterated_seconds_done(out) if cfg.resume else 0.0,
+        )
     except BaseException:
         if job is not None:
             job.process.kill()

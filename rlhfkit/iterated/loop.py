@@ -3,6 +3,7 @@ continued), composed of the commands' own runs (``rm``, ``ppo``), each round's m
 folders:
 
     OUT/round-0/rm/            the first reward model, trained on --prefs (absent with --reward-model)
+    OUT/round-0/round.json     how long it took
     OUT/round-K/candidates.jsonl  the prompts and the policy's two replies to each (the pairs to judge)
     OUT/round-K/pairs.jsonl    the judged pairs as preference rows (written once labelled: a restart keeps them)
     OUT/round-K/labels/        with --judge human: the round's label store and its export (of to_label.jsonl)
@@ -145,8 +146,16 @@ class Iteration:
                 )
             rm_cfg = self._rm_config(self.sft, it.prefs, out, steps, self.cfg.run.seed, self.cfg.rm_reward.ensemble)
             rm_cfg.check()
+            start = time.perf_counter()
             _execute("rm", rm_cfg)
+            _write_json(self.out / "round-0" / ROUND_FILE, {"seconds": round(time.perf_counter() - start, 1)})
         return str(out)
+
+    def first_rm_seconds(self) -> float:
+        """How long training the first reward model took (0 with --reward-model; recorded once, so a resumed
+        run's totals still count it)."""
+        path = self.out / "round-0" / ROUND_FILE
+        return json.loads(path.read_text(encoding="utf-8"))["seconds"] if path.is_file() else 0.0
 
     def update_reward_model(self, previous: str, data: Path, out: Path, round_k: int) -> str:
         """``previous`` (each member from its own weights) trained --rm-steps more on ``data`` into ``out``."""
@@ -347,9 +356,9 @@ class Iteration:
             }
             _write_json(done, record)
             records.append(record)
-            _write_json(self.out / "summary.json", _summary(records, first_rm))
+            _write_json(self.out / "summary.json", _summary(records, first_rm, self.first_rm_seconds()))
         copy_model(Path(policy), self.out / "final")
-        summary = _summary(records, first_rm)
+        summary = _summary(records, first_rm, self.first_rm_seconds())
         _write_json(self.out / "summary.json", summary)
         print(f"final policy saved to {(self.out / 'final').resolve()}", flush=True)
         return summary
@@ -361,17 +370,18 @@ def _preference_row(ex) -> dict:
     return {**row, "margin": ex.margin} if ex.margin is not None else row
 
 
-def _summary(records: list[dict], first_rm: str) -> dict:
+def _summary(records: list[dict], first_rm: str, first_rm_seconds: float) -> dict:
     finite = [r["rm_accuracy_new_pairs"] for r in records if r["rm_accuracy_new_pairs"] is not None]
     return {
         "rounds": records,
         "first_reward_model": first_rm,
+        "first_reward_model_seconds": first_rm_seconds,
         "totals": {
             "rounds": len(records),
             "labels": sum(r["labels"] for r in records),
             "rm_steps": sum(r["rm_steps"] for r in records),
             "ppo_steps": sum(r["ppo_steps"] for r in records),
-            "seconds": round(sum(r["seconds"] for r in records), 1),
+            "seconds": round(first_rm_seconds + sum(r["seconds"] for r in records), 1),  # first RM's too
         },
         "rm_accuracy_new_pairs": finite,
     }

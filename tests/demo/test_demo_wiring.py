@@ -8,6 +8,7 @@ import math
 import re
 import shutil
 import statistics
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -374,6 +375,29 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     # only the same run continues
     assert main(["demo", *flags, "--resume", "--seed", "1"]) == 1
     assert "holds a demo run with other settings" in capsys.readouterr().err
+
+    # a demo stopped inside iterated PPO's last round continues that round; the stage's time counts the first
+    # reward model and the rounds the earlier run finished
+    iterated = json.loads((out / "iterated" / "summary.json").read_text())
+    assert iterated["first_reward_model_seconds"] > 0 and len(iterated["rounds"]) == 2
+    done_before = iterated["first_reward_model_seconds"] + iterated["rounds"][0]["seconds"]
+    cut = names.index("iterated PPO")
+    record = json.loads((out / "stages.json").read_text())
+    record["stages"] = {n: record["stages"][n] for n in names[:cut]}
+    (out / "stages.json").write_text(json.dumps(record))
+    (out / "iterated" / "round-2" / "round.json").unlink()
+    iterated["rounds"] = iterated["rounds"][:1]
+    iterated["totals"]["seconds"] = round(done_before, 1)
+    (out / "iterated" / "summary.json").write_text(json.dumps(iterated))
+    start = time.perf_counter()
+    assert main(["demo", *flags, "--resume"]) == 0
+    took = time.perf_counter() - start
+    printed = capsys.readouterr()
+    assert "round 2:" in printed.out and "round 1:" not in printed.out  # round 1 is not redone
+    assert "of it by an earlier run" in printed.err
+    resumed = json.loads((out / "summary.json").read_text())
+    assert round(done_before, 1) <= resumed["stage_seconds"]["iterated PPO"] <= round(done_before, 1) + took
+    assert len(json.loads((out / "iterated" / "summary.json").read_text())["rounds"]) == 2
 
 
 def test_paired_standard_errors_take_the_differences_reply_by_reply():

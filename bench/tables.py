@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from demo_tables import demo_rounds, demo_seeds
 from table_parts import (
     AVX2,
     AVX512,
@@ -41,7 +42,7 @@ from table_parts import (
     wrap,
 )
 
-DOCS = [ROOT / "docs" / "performance.md", ROOT / "README.md", ROOT / "docs" / "concepts.md"]
+DOCS = [ROOT / "docs" / "performance.md", ROOT / "README.md", ROOT / "docs" / "concepts.md", ROOT / "docs" / "demo.md"]
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
 
@@ -473,6 +474,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "loss_aggregation": loss_aggregation_table,
     "real_memory": real_memory,
     "real_gpu": real_gpu,
+    "demo_seeds": demo_seeds,
+    "demo_rounds": demo_rounds,
 }
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from demo_tables import demo_rounds, demo_seeds
+from engine_tables import vllm_engine
 from table_parts import (
     AVX2,
     AVX512,
@@ -42,7 +43,13 @@ from table_parts import (
     wrap,
 )
 
-DOCS = [ROOT / "docs" / "performance.md", ROOT / "README.md", ROOT / "docs" / "concepts.md", ROOT / "docs" / "demo.md"]
+DOCS = [
+    ROOT / "docs" / "performance.md",
+    ROOT / "README.md",
+    ROOT / "docs" / "concepts.md",
+    ROOT / "docs" / "demo.md",
+    ROOT / "docs" / "generation.md",
+]
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
 
@@ -476,6 +483,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_gpu": real_gpu,
     "demo_seeds": demo_seeds,
     "demo_rounds": demo_rounds,
+    "vllm_engine": vllm_engine,
 }
 
 

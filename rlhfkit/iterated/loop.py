@@ -10,7 +10,7 @@ folders:
     OUT/round-K/rm_data.jsonl  all pairs so far, what the reward model continued on
     OUT/round-K/rm/            the reward model after round K
     OUT/round-K/ppo/           the policy after round K (value/: its value model)
-    OUT/round-K/round.json     the round's record (written last: the round is done)
+    OUT/round-K/round.json     the round's record, with its seconds per phase (written last: the round is done)
     OUT/final/                 the last policy
     OUT/config.yaml            this run's options (`rlhfkit iterate --config OUT/config.yaml` repeats it)
     OUT/summary.json           per round: labels, the old reward model's accuracy on the new pairs, reward, KL,
@@ -94,6 +94,19 @@ def _last_mean(rows: list[dict], key: str, k: int = 5) -> float | None:
     """The mean of ``key`` over the last ``k`` logged steps that have it (None if none)."""
     values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return sum(values[-k:]) / len(values[-k:]) if values else None
+
+
+class _Phases:
+    """Seconds per phase of a round (sample, label, rm_accuracy, rm, ppo), summed over a phase's calls."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str, fn):
+        start = time.perf_counter()
+        result = fn()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 1)
+        return result
 
 
 class Iteration:
@@ -318,25 +331,27 @@ class Iteration:
                 value_model = str(ppo_dir / VALUE_DIR) if (ppo_dir / VALUE_DIR).is_dir() else value_model
                 continue
             start = time.perf_counter()
+            clock = _Phases()
             # 1-2. pairs from the current policy, judged (once: a restart reads the labels back)
-            rows = self.candidates(round_dir, policy, examples, k)
-            prefs, counts = self.labels(round_dir, rows, judge, human)
+            rows = clock("sample", lambda: self.candidates(round_dir, policy, examples, k))
+            prefs, counts = clock("label", lambda: self.labels(round_dir, rows, judge, human))
             # 3. how well the reward model so far predicts the labels of the policy's own replies
-            accuracy = pair_accuracy(reward_model, prefs, self.device, self.trust, c.packing.pack_sequences)
+            pack = c.packing.pack_sequences
+            accuracy = clock("rm_accuracy", lambda: pair_accuracy(reward_model, prefs, self.device, self.trust, pack))
             shown = "-" if accuracy is None else f"{accuracy:.3f}"
             print(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}", flush=True)
             # 4. the reward model continued on every pair so far
             collected += prefs
             data = round_dir / "rm_data.jsonl"
             _write_jsonl(data, offline + collected)
-            reward_model = self.update_reward_model(reward_model, data, round_dir / "rm", k)
-            after = pair_accuracy(reward_model, prefs, self.device, self.trust, c.packing.pack_sequences)
+            reward_model = clock("rm", lambda: self.update_reward_model(reward_model, data, round_dir / "rm", k))
+            after = clock("rm_accuracy", lambda: pair_accuracy(reward_model, prefs, self.device, self.trust, pack))
             # 5. PPO continued from the last policy and value model, against the new reward model
             ppo_cfg = self.ppo_config(policy, reward_model, value_model, ppo_dir, k)
-            _execute("ppo", ppo_cfg)
+            clock("ppo", lambda: _execute("ppo", ppo_cfg))
             policy = str(ppo_dir)
             if ppo_cfg.needs_critic:
-                value_model = str(save_value_model(ppo_dir, value_model, self.trust, c.lora))
+                value_model = str(clock("ppo", lambda: save_value_model(ppo_dir, value_model, self.trust, c.lora)))
             metrics = _metrics_rows(ppo_dir)
             record = {
                 "round": k,
@@ -351,6 +366,7 @@ class Iteration:
                 "kl": _last_mean(metrics, "kl/ref"),
                 "gold": _last_mean(metrics, "reward/gold", 1),
                 "seconds": round(time.perf_counter() - start, 1),
+                "phase_seconds": clock.seconds,
                 "reward_model": reward_model,
                 "policy": policy,
             }

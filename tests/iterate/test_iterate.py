@@ -49,6 +49,9 @@ def test_rounds_write_their_files_and_the_summary(two_rounds):
         assert r["labels"] + r["no_preference"] + r["unusable"] == r["pairs"] == 32
         assert 0.0 <= r["rm_accuracy_new_pairs"] <= 1.0
         assert r["reward"] is not None and r["kl"] is not None
+        phases = r["phase_seconds"]  # where the round's time went
+        assert set(phases) == {"sample", "label", "rm_accuracy", "rm", "ppo"} and phases["ppo"] > 0
+        assert sum(phases.values()) <= r["seconds"] + 0.1 * len(phases)
     assert summary["rm_accuracy_new_pairs"] == [r["rm_accuracy_new_pairs"] for r in summary["rounds"]]
 
 

@@ -1,7 +1,7 @@
 """`rlhfkit demo` over several seeds: each run's gold scores, KL, reward-model accuracy (offline and, round by
 round, on iterated PPO's on-policy pairs) and stage times, filed in one result file.
 
-    python bench/demo_seeds.py --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1,2 --threads 2
+    python bench/demo_seeds.py --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1,2 --threads 2 [--kl-ablation true]
     python bench/demo_seeds.py --report bench/reported/demo.json [--run TEXT]
 
 Per seed, one after the other: `rlhfkit demo [--model PATH] --seed S --threads T --progress false` in a child
@@ -35,6 +35,8 @@ def demo_command(args, seed: int, out: Path) -> list[str]:
         cmd += ["--model", args.model]
     if args.quick:
         cmd.append("--quick")
+    if args.kl_ablation is not None:  # part of the run's identity: a seed half done with it continues only with it
+        cmd += ["--kl-ablation", args.kl_ablation]
     # --resume: a seed an interrupted benchmark left half done continues at its first unfinished stage
     return [*cmd, "--threads", str(args.threads), "--progress", "false", "--resume"]
 
@@ -95,6 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, run one after the other")
     ap.add_argument("--threads", type=int, default=2, help="the demo's --threads")
     ap.add_argument("--quick", action="store_true", help="the demo's --quick (a wiring check; numbers mean nothing)")
+    ap.add_argument(
+        "--kl-ablation",
+        choices=("true", "false"),
+        default=None,
+        help="the demo's --kl-ablation (the beta = 0 run); unset: the demo's default (off with --model)",
+    )
     ap.add_argument(
         "--out",
         default=str(BENCH / "results" / "demo.json"),

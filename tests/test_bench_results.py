@@ -1,6 +1,6 @@
-"""bench/reported and the docs' result tables: the tables in docs/performance.md, README.md and docs/concepts.md
-are what bench/tables.py renders from the result files, every run is filed under the machine and commit its
-stamp records, and a benchmark's new run is merged into its file beside the runs already there."""
+"""bench/reported and the docs' result tables: the tables in the docs are what bench/tables.py renders from the
+result files, every run is filed under the machine and commit its stamp records, and a benchmark's new run is
+merged into its file beside the runs already there; the seeds benchmark's demo command."""
 
 from __future__ import annotations
 
@@ -125,3 +125,13 @@ def test_a_benchmark_run_is_merged_under_its_machine_and_commit(tmp_path):
     assert results.run_key.endswith(" --sizes tiny")
     assert run["sizes"] == {"tiny": {"runs": {}}} and run["load_after"]
     assert data["machines"]["an earlier machine"] == {"abc": {"n": 1}}
+
+
+def test_demo_seeds_runs_each_seed_resumable_with_the_demos_own_options(tmp_path):
+    demo_seeds = load("demo_seeds")
+    args = demo_seeds.argparse.Namespace(model="m.gguf", quick=False, threads=2, kl_ablation=None)
+    cmd = demo_seeds.demo_command(args, 1, tmp_path / "seed1")
+    assert cmd[cmd.index("--seed") + 1] == "1" and "--resume" in cmd and "--kl-ablation" not in cmd
+    args.kl_ablation = "true"  # part of a demo run's identity: a seed started with it continues only with it
+    cmd = demo_seeds.demo_command(args, 1, tmp_path / "seed1")
+    assert cmd[cmd.index("--kl-ablation") + 1] == "true"

@@ -313,7 +313,7 @@ class Iteration:
     def _rounds(self, examples: list, judge, human) -> dict:
         c, it = self.cfg, self.cfg.iterate
         reward_model = self.first_reward_model()
-        first_rm = reward_model
+        first_rm, first_rm_seconds = reward_model, self.first_rm_seconds()
         policy = self.sft
         value_model = c.critic.value_model or reward_model  # the value model starts from the reward model
         offline = [_preference_row(ex) for ex in load_examples(it.prefs, "preference", COMMAND)] if it.prefs else []
@@ -372,9 +372,9 @@ class Iteration:
             }
             _write_json(done, record)
             records.append(record)
-            _write_json(self.out / "summary.json", _summary(records, first_rm, self.first_rm_seconds()))
+            _write_json(self.out / "summary.json", _summary(records, first_rm, first_rm_seconds))
         copy_model(Path(policy), self.out / "final")
-        summary = _summary(records, first_rm, self.first_rm_seconds())
+        summary = _summary(records, first_rm, first_rm_seconds)
         _write_json(self.out / "summary.json", summary)
         print(f"final policy saved to {(self.out / 'final').resolve()}", flush=True)
         return summary

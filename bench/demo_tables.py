@@ -9,7 +9,10 @@ import statistics
 from table_parts import AVX2, Run, mean_se, pm, sources, table
 
 # The SmolLM2-135M-Instruct runs the tables show (machine key, run key); their seeds are shown together.
-SMOLLM2_RUNS = [(AVX2, "e2dd9f30c0e1 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0")]
+SMOLLM2_RUNS = [
+    (AVX2, "e2dd9f30c0e1 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
+    (AVX2, "9c0c4c8f1b47 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 1,2"),
+]
 GAINS = {"ppo": "PPO", "iterated": "iterated PPO", "dpo": "DPO"}
 
 

@@ -12,6 +12,7 @@ from table_parts import AVX2, Run, mean_se, pm, sources, table
 SMOLLM2_RUNS = [
     (AVX2, "e2dd9f30c0e1 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
     (AVX2, "9c0c4c8f1b47 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 1,2"),
+    (AVX2, "1e78a127c4db --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 2"),
 ]
 GAINS = {"ppo": "PPO", "iterated": "iterated PPO", "dpo": "DPO"}
 

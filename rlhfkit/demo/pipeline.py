@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from rich.markup import escape
 from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import DemoConfig
-from rlhfkit.demo.plan import chat_rows, plan
+from rlhfkit.demo.plan import Plan, chat_rows, plan
 from rlhfkit.errors import UserError, option
 
 console = Console(stderr=True)
@@ -246,6 +247,35 @@ def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: 
     )
 
 
+def disk_needed(run_plan: Plan, ablation: bool) -> int:
+    """Bytes a demo on a pretrained model writes, roughly: every saved model is a full copy in float32 (4 bytes a
+    parameter): SFT, the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first reward
+    model, its final policy and each round's reward model, policy and value model. 0 for the built-in model."""
+    rounds = int(run_plan.settings["iterate"].split("--rounds ")[1].split()[0])
+    copies = 4 + ablation + 2 + 3 * rounds
+    return 4 * run_plan.parameters * copies
+
+
+def _bytes_in(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def check_disk(out: Path, needed: int) -> None:
+    """Stop before the first stage when the disk holding ``out`` has less free space than the run still has to
+    write (``needed`` less what an earlier run left there), rather than hours later in a checkpoint save."""
+    if not needed:
+        return
+    where = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    remaining = needed - _bytes_in(out)
+    if free < remaining:
+        gb = 1024**3
+        raise UserError(
+            f"demo: {where} has {free / gb:.1f} GiB free; this run writes about {remaining / gb:.1f} GiB more "
+            f"(every model it trains is saved in full). Free some space or choose another {option('output_dir')}."
+        )
+
+
 def run(cfg: DemoConfig) -> dict:
     if cfg.task in ("arithmetic", "tools"):
         from rlhfkit.demo import arithmetic, tools
@@ -267,6 +297,7 @@ def run(cfg: DemoConfig) -> dict:
     # there only when asked.
     ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
     total = (8 if cfg.model else 9) - (not ablation)
+    check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation))
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"

@@ -9,6 +9,7 @@ import re
 import shutil
 import statistics
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -437,3 +438,46 @@ def test_resumed_stages_are_kept_once_with_their_earlier_times(tmp_path, capsys)
     assert list(json.loads(record.read_text())["stages"]) == ["z"]
     with pytest.raises(UserError, match="other settings"):
         Stages(total=1, record=record, identity={"seed": 1}, resume=True)
+
+
+def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_models(
+    tiny_model_dir, tmp_path, capsys, monkeypatch
+):
+    from rlhfkit.demo import pipeline
+    from rlhfkit.demo.plan import PRETRAINED, Plan
+
+    # a 135M-parameter model: SFT, RM, PPO, DPO, and iterated PPO's first RM, final policy and 3 rounds of
+    # (RM, policy, value model), each saved in float32
+    smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000)
+    assert pipeline.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 15
+    assert pipeline.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 16
+    assert pipeline.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
+
+    free = 10_000
+    asked = []
+
+    def disk_usage(path):
+        asked.append(Path(path))
+        return SimpleNamespace(total=10**6, used=10**6 - free, free=free)
+
+    monkeypatch.setattr(pipeline.shutil, "disk_usage", disk_usage)
+    out = tmp_path / "demo"
+    pipeline.check_disk(out, free)
+    assert asked == [tmp_path]  # a missing output dir: the disk of its nearest existing parent
+    with pytest.raises(pipeline.UserError, match="GiB free"):
+        pipeline.check_disk(out, free + 1)
+    # what an earlier run already wrote there (a --resume) counts as written
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(bytes(4096))
+    pipeline.check_disk(out, free + 4096)
+    asked.clear()
+    pipeline.check_disk(out, 0)  # the built-in model: nothing to check
+    assert asked == []
+
+    # through the command line: nothing runs, and the message says what to do
+    free = 1024
+    flags = ["--output-dir", str(tmp_path / "full"), "--quick", "--progress", "false", "--model", str(tiny_model_dir)]
+    assert main(["demo", *flags]) == 1
+    err = capsys.readouterr().err
+    assert "GiB free" in err and "--output-dir" in err
+    assert not (tmp_path / "full").exists()

@@ -26,7 +26,7 @@ from rich.markup import escape
 from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import DemoConfig
-from rlhfkit.demo.plan import Plan, chat_rows, plan
+from rlhfkit.demo.plan import Plan, chat_rows, parameter_bytes, plan
 from rlhfkit.errors import UserError, option
 
 console = Console(stderr=True)
@@ -247,13 +247,14 @@ def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: 
     )
 
 
-def disk_needed(run_plan: Plan, ablation: bool) -> int:
-    """Bytes a demo on a pretrained model writes, roughly: every saved model is a full copy in float32 (4 bytes a
-    parameter): SFT, the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first reward
-    model, its final policy and each round's reward model, policy and value model. 0 for the built-in model."""
+def disk_needed(run_plan: Plan, ablation: bool, bytes_per_parameter: int = 4) -> int:
+    """Bytes a demo on a given model writes, roughly: every saved model is a full copy (``bytes_per_parameter``:
+    the model's dtype): SFT, the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first
+    reward model, its final policy and each round's reward model, policy and value model. 0 for the built-in
+    model."""
     rounds = int(run_plan.settings["iterate"].split("--rounds ")[1].split()[0])
     copies = 4 + ablation + 2 + 3 * rounds
-    return 4 * run_plan.parameters * copies
+    return bytes_per_parameter * run_plan.parameters * copies
 
 
 def _bytes_in(path: Path) -> int:
@@ -297,7 +298,8 @@ def run(cfg: DemoConfig) -> dict:
     # there only when asked.
     ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
     total = (8 if cfg.model else 9) - (not ablation)
-    check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation))
+    if cfg.model:
+        check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation, parameter_bytes(cfg.model)))
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"

@@ -149,6 +149,21 @@ def parameter_count(model: str) -> int:
     return sum(p.numel() for p in lm.parameters())
 
 
+def parameter_bytes(model: str) -> int:
+    """Bytes a parameter of the model at ``model`` takes in its saved weights: its config's dtype (2 for bfloat16
+    or float16), 4 when the config names none or float32 (a ``.gguf`` file is de-quantised to float32)."""
+    import torch
+    from transformers import AutoConfig
+
+    from rlhfkit.models.loading import check_model_dir
+
+    config = AutoConfig.from_pretrained(check_model_dir(model, "model"), local_files_only=True)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype.itemsize if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 4
+
+
 def chat_rows(files: dict[str, Path], model: str, out: Path) -> dict[str, Path]:
     """The task's files with every prompt as a chat (one user message: the customer's words) and every reply as
     an assistant message, when the model's tokenizer has a chat template; else the files as they are. The gold

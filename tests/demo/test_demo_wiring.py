@@ -451,7 +451,14 @@ def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_model
     smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000)
     assert pipeline.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 15
     assert pipeline.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 16
+    assert pipeline.disk_needed(smol, ablation=False, bytes_per_parameter=2) == 2 * 135_000_000 * 15  # bfloat16
     assert pipeline.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
+    assert pipeline.parameter_bytes(str(tiny_model_dir)) == 4
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    half = tmp_path / "half"
+    shutil.copytree(tiny_model_dir, half)
+    (half / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+    assert pipeline.parameter_bytes(str(half)) == 2
 
     free = 10_000
     asked = []

@@ -26,7 +26,7 @@ from rich.markup import escape
 from tqdm.auto import tqdm
 
 from rlhfkit.config.commands import DemoConfig
-from rlhfkit.demo.plan import Plan, chat_rows, parameter_bytes, plan
+from rlhfkit.demo.plan import Plan, chat_rows, plan
 from rlhfkit.errors import UserError, option
 
 console = Console(stderr=True)
@@ -229,6 +229,11 @@ def iterated_seconds_done(out: Path) -> float:
     return json.loads(path.read_text(encoding="utf-8"))["totals"]["seconds"] if path.is_file() else 0.0
 
 
+def _rounds(iterate_flags: str) -> int:
+    """The rounds of iterated PPO in its stage's flags (``--rounds N``)."""
+    return int(iterate_flags.split("--rounds ")[1].split()[0])
+
+
 def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: str, resume: bool = False) -> dict:
     """Iterated PPO on the same number of preference labels as the reward model and DPO: the first half of the
     offline pairs trains its first reward model, and the task's simulated raters (``--judge support``, the rule
@@ -237,7 +242,7 @@ def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: 
     half = len(rows) // 2
     offline = out / "data" / "prefs_half.jsonl"
     offline.write_text("".join(rows[:half]), encoding="utf-8")
-    rounds = int(flags.split("--rounds ")[1].split()[0])
+    rounds = _rounds(flags)
     per_round = run_plan.pairs_per_round or max(1, (len(rows) - half) // rounds)
     return _run(
         "iterate",
@@ -247,14 +252,12 @@ def run_iterated(out: Path, data: dict[str, str], flags: str, run_plan, common: 
     )
 
 
-def disk_needed(run_plan: Plan, ablation: bool, bytes_per_parameter: int = 4) -> int:
-    """Bytes a demo on a given model writes, roughly: every saved model is a full copy (``bytes_per_parameter``:
-    the model's dtype): SFT, the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first
-    reward model, its final policy and each round's reward model, policy and value model. 0 for the built-in
-    model."""
-    rounds = int(run_plan.settings["iterate"].split("--rounds ")[1].split()[0])
-    copies = 4 + ablation + 2 + 3 * rounds
-    return bytes_per_parameter * run_plan.parameters * copies
+def disk_needed(run_plan: Plan, ablation: bool) -> int:
+    """Bytes a demo on a given model writes, roughly: every saved model is a full copy in the model's dtype: SFT,
+    the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first reward model, its final
+    policy and each round's reward model, policy and value model. 0 for the built-in model."""
+    copies = 4 + ablation + 2 + 3 * _rounds(run_plan.settings["iterate"])
+    return run_plan.parameter_bytes * run_plan.parameters * copies
 
 
 def _bytes_in(path: Path) -> int:
@@ -298,8 +301,7 @@ def run(cfg: DemoConfig) -> dict:
     # there only when asked.
     ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
     total = (8 if cfg.model else 9) - (not ablation)
-    if cfg.model:
-        check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation, parameter_bytes(cfg.model)))
+    check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation))
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"

@@ -83,7 +83,8 @@ class Plan:
     """One demo run's choices. ``settings``: flags per stage; ``sizes``: task rows (None: the task's defaults);
     ``no_kl_steps``: the beta = 0 ablation's steps; ``eval_samples``: samples per held-out prompt;
     ``value_model``: PPO's value function starts from the reward model (else a head on the policy);
-    ``parameters``: the model's parameter count (0 for the built-in one, made by the demo);
+    ``parameters``: the model's parameter count (0 for the built-in one, made by the demo); ``parameter_bytes``:
+    the bytes a parameter takes in its saved weights;
     ``pairs_per_round``: iterated PPO's pairs per round (None: half the preference labels spread over its
     rounds, the other half offline)."""
 
@@ -93,13 +94,14 @@ class Plan:
     eval_samples: int
     value_model: bool = True
     parameters: int = 0
+    parameter_bytes: int = 4
     notes: list[str] = field(default_factory=list)
     pairs_per_round: int | None = None
 
 
 def plan(quick: bool, model: str = "") -> Plan:
     """The stages' settings for the built-in model (``model`` empty) or a pretrained one."""
-    parameters = parameter_count(model) if model else 0
+    parameters, parameter_bytes = model_size(model) if model else (0, 4)
     pretrained = parameters > LORA_ABOVE
     if quick:
         settings = {k: f"{v} {LORA}" if pretrained and k != "rm" else v for k, v in QUICK.items()}
@@ -114,6 +116,7 @@ def plan(quick: bool, model: str = "") -> Plan:
             1,
             value_model=not pretrained,
             parameters=parameters,
+            parameter_bytes=parameter_bytes,
             pairs_per_round=8,
         )
     if pretrained:
@@ -121,7 +124,16 @@ def plan(quick: bool, model: str = "") -> Plan:
         notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages, value head on the policy"]
         # Two samples per held-out prompt: a single reply's gold score varies widely, and one sample for each of
         # the held-out prompts leaves two policies' difference too uncertain to rank them.
-        return Plan(PRETRAINED, sizes, 40, 2, value_model=False, parameters=parameters, notes=notes)
+        return Plan(
+            PRETRAINED,
+            sizes,
+            40,
+            2,
+            value_model=False,
+            parameters=parameters,
+            parameter_bytes=parameter_bytes,
+            notes=notes,
+        )
     # Rows of task data: more than the task's defaults, so the SFT steps see each demonstration a few times
     # rather than dozens (less overfitting), and the held-out pairs measure the reward model's accuracy (and the
     # label-noise ceiling) to about a point.
@@ -131,37 +143,27 @@ def plan(quick: bool, model: str = "") -> Plan:
     # run as long as PPO's, without the penalty, slows down just as its gold score turns. Run longer, its logged
     # gold peaks early and then falls below the penalised run's (docs/demo.md). Four samples per held-out prompt:
     # with one, a policy's mean gold score moves with the sampling seed alone by more than the policies differ.
-    return Plan(TINY, sizes, 100, 4, parameters=parameters)
+    return Plan(TINY, sizes, 100, 4, parameters=parameters, parameter_bytes=parameter_bytes)
 
 
-def parameter_count(model: str) -> int:
-    """Parameters of the causal LM at ``model`` (a folder or a ``.gguf`` file), counted from its config on
-    PyTorch's meta device (no weights are read)."""
+def model_size(model: str) -> tuple[int, int]:
+    """(parameters, bytes a parameter takes in the saved weights) of the causal LM at ``model`` (a folder or a
+    ``.gguf`` file), from its config alone: the parameters counted on PyTorch's meta device (no weights are
+    read), the bytes from the config's dtype (2 for bfloat16 or float16; 4 when it names none or float32, and
+    a ``.gguf`` file is de-quantised to float32)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlhfkit.models.loading import check_model_dir
 
-    folder = check_model_dir(model, "model")
-    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config = AutoConfig.from_pretrained(check_model_dir(model, "model"), local_files_only=True)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in lm.parameters())
-
-
-def parameter_bytes(model: str) -> int:
-    """Bytes a parameter of the model at ``model`` takes in its saved weights: its config's dtype (2 for bfloat16
-    or float16), 4 when the config names none or float32 (a ``.gguf`` file is de-quantised to float32)."""
-    import torch
-    from transformers import AutoConfig
-
-    from rlhfkit.models.loading import check_model_dir
-
-    config = AutoConfig.from_pretrained(check_model_dir(model, "model"), local_files_only=True)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
-    return dtype.itemsize if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 4
+    size = dtype.itemsize if isinstance(dtype, torch.dtype) and dtype.is_floating_point else 4
+    return sum(p.numel() for p in lm.parameters()), size
 
 
 def chat_rows(files: dict[str, Path], model: str, out: Path) -> dict[str, Path]:

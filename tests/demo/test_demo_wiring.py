@@ -444,21 +444,22 @@ def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_model
     tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
     from rlhfkit.demo import pipeline
-    from rlhfkit.demo.plan import PRETRAINED, Plan
+    from rlhfkit.demo.plan import PRETRAINED, Plan, model_size
 
     # a 135M-parameter model: SFT, RM, PPO, DPO, and iterated PPO's first RM, final policy and 3 rounds of
     # (RM, policy, value model), each saved in float32
     smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000)
     assert pipeline.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 15
     assert pipeline.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 16
-    assert pipeline.disk_needed(smol, ablation=False, bytes_per_parameter=2) == 2 * 135_000_000 * 15  # bfloat16
+    half_smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000, parameter_bytes=2)  # bfloat16
+    assert pipeline.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 15
     assert pipeline.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
-    assert pipeline.parameter_bytes(str(tiny_model_dir)) == 4
+    assert model_size(str(tiny_model_dir))[1] == 4
     config = json.loads((tiny_model_dir / "config.json").read_text())
     half = tmp_path / "half"
     shutil.copytree(tiny_model_dir, half)
     (half / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
-    assert pipeline.parameter_bytes(str(half)) == 2
+    assert model_size(str(half))[1] == 2
 
     free = 10_000
     asked = []

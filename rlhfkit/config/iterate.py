@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from rlhfkit.config.checks import at_least, positive
 from rlhfkit.config.commands import RewardArgs
@@ -27,6 +27,14 @@ class IterateArgs:
     prefs: str = ""
     """Preference pairs (prompt, chosen, rejected) to train the first reward model on (from --model) when no
     --reward-model is given; kept in every round's reward-model data."""
+    algorithm: Literal["ppo", "dpo"] = "ppo"
+    """How the policy learns from each round's labels: ppo (the reward model continues on all pairs so far, then
+    PPO continues against it) or dpo (online DPO: DPO continues from the last policy on the round's new pairs,
+    the reference staying --model; no reward model). With --prefs, dpo first trains on them from --model."""
+    dpo_beta: float = 0.1
+    """With --algorithm dpo: DPO's beta."""
+    dpo_epochs: float = 2.0
+    """With --algorithm dpo: passes over each round's new pairs (and over --prefs first), at --learning-rate."""
     rounds: int = 3
     """Rounds of (pairs sampled from the policy -> labels -> reward model updated -> PPO continued)."""
     pairs_per_round: int = 128
@@ -35,10 +43,21 @@ class IterateArgs:
     """Reward-model steps per round, over all pairs so far (--prefs and every round's)."""
     rm_initial_steps: int = 0
     """Steps of the first reward model on --prefs (0: --rm-steps)."""
-    rm_learning_rate: float = 2e-5
-    """Peak learning rate of the reward model's updates."""
-    rm_batch_size: int = 8
-    """Pairs per reward-model step."""
+    rm_learning_rate: float = 0.0
+    """Peak learning rate of the reward model's training and updates; 0: the rate the reward model was trained
+    at (read from the config.yaml `rlhfkit rm` saves beside it), or `rlhfkit rm`'s default when it has none. Its
+    batch size and LoRA settings are carried over the same way."""
+    rm_batch_size: int = 0
+    """Pairs per reward-model step; 0: the batch size the reward model was trained with (else 8)."""
+    rm_holdout: float = 0.2
+    """Share of each round's new labelled pairs that the round's reward-model update does not train on: its
+    accuracy on them before and after the update shows whether the update generalised (they join the training
+    pairs from the next round on)."""
+    collapse_ratio: float = 0.5
+    """The policy has collapsed when its share of distinct replies over a round's prompts falls below this
+    fraction of the starting policy's (0: never checked). A collapsed policy's round pairs each of its replies
+    with one of the last healthy policy, so the labels still tell replies apart, and PPO continues from the
+    healthy policy against the reward model that has now seen the collapsed replies."""
     min_labels: int = 0
     """With --judge human: close a round once this many pairs are labelled (0: when every pair is labelled or
     skipped by everyone)."""
@@ -78,16 +97,26 @@ class IterateConfig(PPOConfig):
         positive(
             rounds=it.rounds,
             pairs_per_round=it.pairs_per_round,
-            rm_batch_size=it.rm_batch_size,
-            rm_learning_rate=it.rm_learning_rate,
+            dpo_beta=it.dpo_beta,
+            dpo_epochs=it.dpo_epochs,
             labels_per_item=it.labels_per_item,
             poll_seconds=it.poll_seconds,
             ensemble=self.rm_reward.ensemble,
         )
-        at_least(0, rm_steps=it.rm_steps, rm_initial_steps=it.rm_initial_steps, min_labels=it.min_labels)
+        at_least(
+            0,
+            rm_steps=it.rm_steps,
+            rm_initial_steps=it.rm_initial_steps,
+            min_labels=it.min_labels,
+            rm_learning_rate=it.rm_learning_rate,
+            rm_batch_size=it.rm_batch_size,
+            collapse_ratio=it.collapse_ratio,
+        )
+        if not 0 <= it.rm_holdout < 1:
+            raise UserError(f"{option('rm_holdout')} must be in [0, 1), got {it.rm_holdout}")
         if self.optim.max_steps <= 0:
             raise UserError(f"{option('max_steps')} (PPO steps per round) must be > 0")
-        if not self.reward.reward_model and not it.prefs:
+        if it.algorithm == "ppo" and not self.reward.reward_model and not it.prefs:
             raise UserError(
                 f"give {option('reward_model')} (the reward model to start from) or {option('prefs')} (pairs to "
                 "train it on first)"

@@ -227,11 +227,20 @@ def _no_kl_text(m: dict, gold: dict, no_kl_peak: tuple[int, float] | None) -> st
 
 def _iterated_rounds(run_dir: Path) -> list[dict]:
     """Iterated PPO's rounds from its summary.json (labels, the reward model's accuracy on the new pairs before
-    and after its update, reward, KL, gold); empty when it did not run."""
+    its update and on their held-out share before and after it, reward, KL, gold); empty when it did not run."""
     path = run_dir / "summary.json"
     if not path.is_file():
         return []
-    keys = ("round", "labels", "rm_accuracy_new_pairs", "rm_accuracy_new_pairs_after_update", "reward", "kl", "gold")
+    keys = (
+        "round",
+        "labels",
+        "rm_accuracy_new_pairs",
+        "rm_accuracy_heldout_before",
+        "rm_accuracy_heldout_after",
+        "reward",
+        "kl",
+        "gold",
+    )
     return [{k: r.get(k) for k in keys} for r in json.loads(path.read_text())["rounds"]]
 
 
@@ -247,15 +256,17 @@ def _iterated_table(rounds: list[dict]) -> list[str]:
         "",
         "Each round the simulated raters label pairs of the current policy's replies; the reward model's accuracy "
         "on them is measured before it trains on them (how well it predicted the raters on the policy's own "
-        "replies) and after; then PPO continues. Reward, KL and gold are the round's PPO at its last step.",
+        "replies), and on a held-out share of them before and after its update (whether the update generalised); "
+        "then PPO continues. Reward, KL and gold are the round's PPO at its last step.",
         "",
-        "| round | new labels | RM accuracy before | after | reward | KL to SFT | gold |",
-        "|---|---|---|---|---|---|---|",
+        "| round | new labels | RM accuracy on them | held-out: before | after | reward | KL to SFT | gold |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rounds:
         lines.append(
             f"| {r['round']} | {r['labels']} | {cell(r['rm_accuracy_new_pairs'])} "
-            f"| {cell(r['rm_accuracy_new_pairs_after_update'])} | {cell(r['reward'], '.2f')} "
+            f"| {cell(r['rm_accuracy_heldout_before'])} | {cell(r['rm_accuracy_heldout_after'])} "
+            f"| {cell(r['reward'], '.2f')} "
             f"| {cell(r['kl'], '.2f')} | {cell(r['gold'], '.2f')} |"
         )
     return lines + [""]

@@ -1,46 +1,57 @@
 """`rlhfkit iterate`: rounds of (pairs from the current policy -> labels -> reward model updated -> PPO
-continued), composed of the commands' own runs (``rm``, ``ppo``), each round's models plain Hugging Face
-folders:
+continued), or with ``--algorithm dpo`` (pairs -> labels -> DPO continued), composed of the commands' own runs
+(``rm``, ``ppo``, ``dpo``), each round's models plain Hugging Face folders:
 
     OUT/round-0/rm/            the first reward model, trained on --prefs (absent with --reward-model)
+    OUT/round-0/dpo/           with --algorithm dpo and --prefs: DPO on them from --model
     OUT/round-0/round.json     how long it took
-    OUT/round-K/candidates.jsonl  the prompts and the policy's two replies to each (the pairs to judge)
+    OUT/round-K/sampling.json  the round's collapse watch: distinct replies, near-identical pairs, who sampled
+    OUT/round-K/candidates.jsonl  the prompts and the two replies to each (the pairs to judge)
     OUT/round-K/pairs.jsonl    the judged pairs as preference rows (written once labelled: a restart keeps them)
+    OUT/round-K/heldout.jsonl  the part of them the round's reward-model update does not train on
     OUT/round-K/labels/        with --judge human: the round's label store and its export (of to_label.jsonl)
-    OUT/round-K/rm_data.jsonl  all pairs so far, what the reward model continued on
+    OUT/round-K/rm_data.jsonl  the pairs the reward model continued on
     OUT/round-K/rm/            the reward model after round K
-    OUT/round-K/ppo/           the policy after round K (value/: its value model)
+    OUT/round-K/ppo/           the policy after round K (value/: its value model); with dpo: OUT/round-K/dpo/
     OUT/round-K/round.json     the round's record, with its seconds per phase (written last: the round is done)
     OUT/final/                 the last policy
     OUT/config.yaml            this run's options (`rlhfkit iterate --config OUT/config.yaml` repeats it)
-    OUT/summary.json           per round: labels, the old reward model's accuracy on the new pairs, reward, KL,
-                               gold (with --gold-judge); totals
+    OUT/summary.json           per round: labels, the reward model's accuracy on the new pairs and on the
+                               held-out ones before / after its update, reward, KL, gold (with --gold-judge),
+                               the collapse watch; totals
 
 Per round K (policy pi_{K-1}, reward model R_{K-1}, value model V_{K-1}):
-  1. sample two replies to each of --pairs-per-round prompts from pi_{K-1};
+  1. sample two replies to each of --pairs-per-round prompts from pi_{K-1}; when its share of distinct replies
+     has fallen below --collapse-ratio of the starting policy's, pi_{K-1} has collapsed: the second reply of
+     each pair comes from the last healthy policy instead, and steps 5 continues from that policy;
   2. the judge labels them (a function, or people on the labelling page); -1 and identical replies drop out;
-  3. R_{K-1}'s accuracy on these new on-policy pairs is measured (what the round's labels teach it);
-  4. R_K = R_{K-1} trained --rm-steps more on all pairs so far (--prefs and rounds 1..K);
+  3. R_{K-1}'s accuracy on these new on-policy pairs is measured (what the round's labels teach it), and on a
+     held-out share (--rm-holdout) that the update does not train on;
+  4. R_K = R_{K-1} trained --rm-steps more on all pairs so far but the held-out ones, with the settings it was
+     trained with (learning rate, batch size, LoRA; options override); its held-out accuracy is measured again;
   5. pi_K, V_K = PPO from pi_{K-1}, V_{K-1} against R_K for --max-steps, with the KL to --model (the SFT model).
+With --algorithm dpo, steps 3-5 are: pi_K = DPO from pi_{K-1} on the round's pairs, the reference --model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import time
 from pathlib import Path
 
-from rlhfkit.config.commands import RMConfig
+from rlhfkit.config.commands import DPOArgs, DPOConfig, RMConfig
 from rlhfkit.config.iterate import HUMAN, IterateConfig
 from rlhfkit.config.online import PPOConfig
-from rlhfkit.config.parse import save_config
-from rlhfkit.config.parts import DataArgs, ModelArgs, OptimArgs, RunArgs
+from rlhfkit.config.parse import load_yaml, save_config
+from rlhfkit.config.parts import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
+from rlhfkit.iterated.health import collapsed, distinct_share, similar_share
 from rlhfkit.iterated.judges import load_judge
-from rlhfkit.iterated.models import VALUE_DIR, copy_model, pair_accuracy, sample_pairs, save_value_model
+from rlhfkit.iterated.models import VALUE_DIR, copy_model, pair_accuracy, sample_replies, save_value_model
 from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.training.runtime import pick_device
 
@@ -85,6 +96,23 @@ def _members(rm_dir: Path) -> list[str]:
     return list(info.get("members", ["."]))
 
 
+def trained_options(model_dir: Path) -> dict:
+    """The options a model was trained with: the config.yaml its command saved beside it ({} when none)."""
+    path = model_dir / "config.yaml"
+    return load_yaml(str(path)) if path.is_file() else {}
+
+
+def split_heldout(prefs: list[dict], share: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """``prefs`` split at random (seeded) into (trained on, held out), ``share`` of them held out (at least one
+    when ``share`` > 0 and there are two pairs or more), each part in its original order."""
+    n = round(share * len(prefs))
+    n = max(1, n) if share > 0 and len(prefs) >= 2 else 0
+    order = list(range(len(prefs)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n])
+    return [p for i, p in enumerate(prefs) if i not in held], [p for i, p in enumerate(prefs) if i in held]
+
+
 def _metrics_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return _read_jsonl(path) if path.is_file() else []
@@ -121,28 +149,48 @@ class Iteration:
 
     # -- the reward model -----------------------------------------------------------------------------------
 
-    def _rm_config(self, model: str, data: str, out: Path, steps: int, seed: int, ensemble: int = 1) -> RMConfig:
+    def rm_settings(self, start: str | None) -> tuple[float, int, LoraArgs]:
+        """The learning rate, batch size and LoRA settings of a reward model's training from ``start`` (a reward
+        model's folder, or None for the first one from --model): --rm-learning-rate / --rm-batch-size when given,
+        else what ``start`` was trained with (its config.yaml), else `rlhfkit rm`'s defaults. A model trained at
+        1e-3 and continued at 2e-5 would not move."""
+        saved = trained_options(Path(start)) if start else {}
+        it, default = self.cfg.iterate, RMConfig().optim
+        rate = it.rm_learning_rate or saved.get("learning_rate") or default.learning_rate
+        batch = it.rm_batch_size or saved.get("batch_size") or default.batch_size
+        lora = LoraArgs(**{f.name: saved[f.name] for f in dataclasses.fields(LoraArgs) if f.name in saved})
+        return float(rate), int(batch), dataclasses.replace(lora, save_merged=True)  # the next round loads it whole
+
+    def _rm_config(
+        self, model: str, data: str, out: Path, steps: int, seed: int, start: str | None, ensemble: int = 1
+    ) -> RMConfig:
         c = self.cfg
+        rate, batch, lora = self.rm_settings(start)
         return RMConfig(
             model=ModelArgs(model=model, trust_remote_code=self.trust),
+            lora=lora,
             data=DataArgs(data=data, max_length=c.data.max_length, max_prompt_length=c.data.max_prompt_length),
             reward=dataclasses.replace(c.rm_reward, ensemble=ensemble),
             optim=OptimArgs(
-                learning_rate=c.iterate.rm_learning_rate,
-                batch_size=c.iterate.rm_batch_size,
+                learning_rate=rate,
+                batch_size=batch,
                 max_steps=steps,
                 max_grad_norm=c.optim.max_grad_norm,
             ),
             packing=dataclasses.replace(c.packing),
-            run=RunArgs(
-                output_dir=str(out),
-                overwrite_output_dir=True,  # what a stopped run left of this unfinished model is replaced
-                seed=seed,
-                logging_steps=c.run.logging_steps,
-                mixed_precision=c.run.mixed_precision,
-                cpu=c.run.cpu,
-                progress=c.run.progress,
-            ),
+            run=self._run_args(out, seed),
+        )
+
+    def _run_args(self, out: Path, seed: int) -> RunArgs:
+        c = self.cfg
+        return RunArgs(
+            output_dir=str(out),
+            overwrite_output_dir=True,  # what a stopped run left of this unfinished model is replaced
+            seed=seed,
+            logging_steps=c.run.logging_steps,
+            mixed_precision=c.run.mixed_precision,
+            cpu=c.run.cpu,
+            progress=c.run.progress,
         )
 
     def first_reward_model(self) -> str:
@@ -157,7 +205,9 @@ class Iteration:
                 raise UserError(
                     f"{option('rm_steps')} or {option('rm_initial_steps')} must be > 0 to train on {option('prefs')}"
                 )
-            rm_cfg = self._rm_config(self.sft, it.prefs, out, steps, self.cfg.run.seed, self.cfg.rm_reward.ensemble)
+            rm_cfg = self._rm_config(
+                self.sft, it.prefs, out, steps, self.cfg.run.seed, None, self.cfg.rm_reward.ensemble
+            )
             rm_cfg.check()
             start = time.perf_counter()
             _execute("rm", rm_cfg)
@@ -183,44 +233,75 @@ class Iteration:
         examples = load_examples(str(data), "preference", COMMAND)
         for i, member in enumerate(members):
             seed = self.cfg.run.seed + 1000 * round_k + i
-            member_cfg = self._rm_config(str(Path(previous) / member), str(data), out / member, steps, seed)
+            member_cfg = self._rm_config(str(Path(previous) / member), str(data), out / member, steps, seed, previous)
             member_cfg.check()
             rm.train_one(member_cfg, examples, [])
         if len(members) > 1:
-            root_cfg = self._rm_config(str(Path(previous)), str(data), out, steps, self.cfg.run.seed)
+            root_cfg = self._rm_config(str(Path(previous)), str(data), out, steps, self.cfg.run.seed, previous)
             root_cfg.reward.ensemble = len(members)
             rm.write_ensemble(root_cfg, [out / m for m in members], examples, [])
         return str(out)
 
     # -- the pairs ------------------------------------------------------------------------------------------
 
-    def candidates(self, round_dir: Path, policy: str, examples: list, round_k: int) -> list[dict]:
-        """Round K's prompts with the policy's two replies (sampled once: a restart reads them back)."""
-        path = round_dir / "candidates.jsonl"
-        if path.is_file():
-            return _read_jsonl(path)
+    def candidates(
+        self, round_dir: Path, policy: str, examples: list, round_k: int, baseline: float | None, healthy: str
+    ) -> tuple[list[dict], dict]:
+        """Round K's prompts with two replies to each, and the round's sampling record (``sampling.json``): the
+        policy's share of distinct replies, the share of near-identical pairs, and whether the policy has
+        collapsed (its distinct share under --collapse-ratio x ``baseline``, the starting policy's). A collapsed
+        policy's second replies come from ``healthy``, the last policy that had not. Sampled once: a restart
+        reads both back."""
+        path, record_path = round_dir / "candidates.jsonl", round_dir / "sampling.json"
+        if path.is_file() and record_path.is_file():
+            return _read_jsonl(path), json.loads(record_path.read_text(encoding="utf-8"))
         n = self.cfg.iterate.pairs_per_round
         order = list(range(len(examples)))
         random.Random(self.cfg.run.seed).shuffle(order)
         start = (round_k - 1) * n
         picked = [examples[order[(start + i) % len(order)]] for i in range(n)]
-        pairs = sample_pairs(
-            policy,
-            [ex.prompt for ex in picked],
-            self.cfg.generation,
-            self.cfg.data.max_prompt_length,
-            self.cfg.optim.batch_size,
-            self.device,
-            self.cfg.run.seed + round_k,
-            self.trust,
-        )
+        prompts = [ex.prompt for ex in picked]
+        pairs = self._replies(policy, prompts, round_k, 2)
+        distinct = distinct_share([r for pair in pairs for r in pair])
+        record = {
+            "distinct_replies": round(distinct, 4),
+            "similar_pairs": round(similar_share(pairs), 4),
+            "collapsed": baseline is not None and collapsed(distinct, baseline, self.cfg.iterate.collapse_ratio),
+            "sampled_from": [policy, policy],
+        }
+        if record["collapsed"]:
+            others = self._replies(healthy, prompts, round_k, 1)
+            pairs = [(a, other[0]) for (a, _), other in zip(pairs, others)]
+            record["sampled_from"] = [policy, healthy]
+            record["similar_pairs_after"] = round(similar_share(pairs), 4)
+            shown = f"{distinct:.2f} against {baseline:.2f} at the start"
+            print(
+                f"round {round_k}: the policy has collapsed (distinct replies {shown}); each pair's second reply "
+                f"comes from {healthy}, and PPO continues from it",
+                flush=True,
+            )
         rows = [
             {"prompt": ex.prompt, "responses": [a, b], **{k: v for k, v in ex.extra.items() if k != "responses"}}
             for ex, (a, b) in zip(picked, pairs)
         ]
         round_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(record_path, record)
         _write_jsonl(path, rows)
-        return rows
+        return rows, record
+
+    def _replies(self, policy: str, prompts: list, round_k: int, per_prompt: int) -> list[tuple[str, ...]]:
+        c = self.cfg
+        return sample_replies(
+            policy,
+            prompts,
+            c.generation,
+            c.data.max_prompt_length,
+            c.optim.batch_size,
+            self.device,
+            c.run.seed + round_k,
+            self.trust,
+            per_prompt,
+        )
 
     def labels(self, round_dir: Path, rows: list[dict], judge, human) -> tuple[list[dict], dict]:
         """The round's preference rows (``pairs.jsonl``) and counts (``labels.json``), from the judge function or
@@ -312,72 +393,179 @@ class Iteration:
 
     def _rounds(self, examples: list, judge, human) -> dict:
         c, it = self.cfg, self.cfg.iterate
-        reward_model = self.first_reward_model()
-        first_rm, first_rm_seconds = reward_model, self.first_rm_seconds()
-        policy = self.sft
+        dpo = it.algorithm == "dpo"
+        reward_model = None if dpo else self.first_reward_model()
+        policy = self.first_dpo_policy() if dpo else self.sft
+        first_rm, first_seconds = reward_model, self.first_rm_seconds()
         value_model = c.critic.value_model or reward_model  # the value model starts from the reward model
+        healthy = (policy, value_model)  # the last policy (and its value model) that had not collapsed
         offline = [_preference_row(ex) for ex in load_examples(it.prefs, "preference", COMMAND)] if it.prefs else []
         collected: list[dict] = []
         records: list[dict] = []
         for k in range(1, it.rounds + 1):
             round_dir = self.out / f"round-{k}"
             done = round_dir / ROUND_FILE
-            ppo_dir = round_dir / "ppo"
+            run_dir = round_dir / ("dpo" if dpo else "ppo")
+            baseline = records[0]["distinct_replies"] if records else None
             if done.is_file():
                 record = json.loads(done.read_text(encoding="utf-8"))
                 collected += _read_jsonl(round_dir / "pairs.jsonl")
                 records.append(record)
-                reward_model, policy = record["reward_model"], str(ppo_dir)
-                value_model = str(ppo_dir / VALUE_DIR) if (ppo_dir / VALUE_DIR).is_dir() else value_model
+                if not record["collapsed"]:
+                    healthy = (record["start_policy"], record.get("start_value_model"))
+                reward_model, policy = record["reward_model"], str(run_dir)
+                value_model = str(run_dir / VALUE_DIR) if (run_dir / VALUE_DIR).is_dir() else value_model
                 continue
             start = time.perf_counter()
             clock = _Phases()
-            # 1-2. pairs from the current policy, judged (once: a restart reads the labels back)
-            rows = clock("sample", lambda: self.candidates(round_dir, policy, examples, k))
+            # 1-2. pairs from the current policy (a collapsed one's against the last healthy one), judged (once: a
+            #      restart reads the labels back)
+            rows, sampling = clock(
+                "sample", lambda: self.candidates(round_dir, policy, examples, k, baseline, healthy[0])
+            )
+            if sampling["collapsed"]:
+                policy, value_model = healthy
+            else:
+                healthy = (policy, value_model)
             prefs, counts = clock("label", lambda: self.labels(round_dir, rows, judge, human))
-            # 3. how well the reward model so far predicts the labels of the policy's own replies
-            pack = c.packing.pack_sequences
-            accuracy = clock("rm_accuracy", lambda: pair_accuracy(reward_model, prefs, self.device, self.trust, pack))
-            shown = "-" if accuracy is None else f"{accuracy:.3f}"
-            print(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}", flush=True)
-            # 4. the reward model continued on every pair so far
+            record = {"round": k, "labels": len(prefs), **counts, **sampling}
+            record["start_policy"], record["start_value_model"] = policy, value_model
+            if dpo:
+                # 3-5. DPO continued from the policy on the round's pairs, the reference staying --model
+                dpo_cfg = self.dpo_config(policy, round_dir / "pairs.jsonl", len(prefs), run_dir, k)
+                if dpo_cfg is not None:
+                    clock("dpo", lambda: _execute("dpo", dpo_cfg))
+                    policy = str(run_dir)
+                record.update(self._dpo_record(run_dir, dpo_cfg))
+            else:
+                reward_model, measured = self._reward_model_round(
+                    reward_model, prefs, offline, collected, round_dir, k, clock
+                )
+                record.update(measured)
+                # 5. PPO continued from the last policy and value model, against the new reward model
+                ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k)
+                clock("ppo", lambda: _execute("ppo", ppo_cfg))
+                policy = str(run_dir)
+                if ppo_cfg.needs_critic:
+                    value_model = str(clock("ppo", lambda: save_value_model(run_dir, value_model, self.trust, c.lora)))
+                metrics = _metrics_rows(run_dir)
+                record.update(
+                    rm_steps=it.rm_steps,
+                    ppo_steps=c.optim.max_steps,
+                    reward=_last_mean(metrics, "reward/score"),
+                    reward_std=_last_mean(metrics, "reward/score_std"),
+                    kl=_last_mean(metrics, "kl/ref"),
+                    gold=_last_mean(metrics, "reward/gold", 1),
+                )
             collected += prefs
-            data = round_dir / "rm_data.jsonl"
-            _write_jsonl(data, offline + collected)
-            reward_model = clock("rm", lambda: self.update_reward_model(reward_model, data, round_dir / "rm", k))
-            after = clock("rm_accuracy", lambda: pair_accuracy(reward_model, prefs, self.device, self.trust, pack))
-            # 5. PPO continued from the last policy and value model, against the new reward model
-            ppo_cfg = self.ppo_config(policy, reward_model, value_model, ppo_dir, k)
-            clock("ppo", lambda: _execute("ppo", ppo_cfg))
-            policy = str(ppo_dir)
-            if ppo_cfg.needs_critic:
-                value_model = str(clock("ppo", lambda: save_value_model(ppo_dir, value_model, self.trust, c.lora)))
-            metrics = _metrics_rows(ppo_dir)
-            record = {
-                "round": k,
-                "labels": len(prefs),
-                **counts,
-                "rm_accuracy_new_pairs": accuracy,
-                "rm_accuracy_new_pairs_after_update": after,
-                "rm_pairs": len(offline) + len(collected),
-                "rm_steps": it.rm_steps,
-                "ppo_steps": c.optim.max_steps,
-                "reward": _last_mean(metrics, "reward/score"),
-                "kl": _last_mean(metrics, "kl/ref"),
-                "gold": _last_mean(metrics, "reward/gold", 1),
-                "seconds": round(time.perf_counter() - start, 1),
-                "phase_seconds": clock.seconds,
-                "reward_model": reward_model,
-                "policy": policy,
-            }
+            record.update(
+                seconds=round(time.perf_counter() - start, 1),
+                phase_seconds=clock.seconds,
+                reward_model=reward_model,
+                policy=policy,
+            )
             _write_json(done, record)
             records.append(record)
-            _write_json(self.out / "summary.json", _summary(records, first_rm, first_rm_seconds))
+            _write_json(self.out / "summary.json", _summary(records, first_rm, first_seconds))
         copy_model(Path(policy), self.out / "final")
-        summary = _summary(records, first_rm, first_rm_seconds)
+        summary = _summary(records, first_rm, first_seconds)
         _write_json(self.out / "summary.json", summary)
         print(f"final policy saved to {(self.out / 'final').resolve()}", flush=True)
         return summary
+
+    def _reward_model_round(
+        self,
+        reward_model: str,
+        prefs: list[dict],
+        offline: list[dict],
+        collected: list[dict],
+        round_dir: Path,
+        k: int,
+        clock,
+    ) -> tuple[str, dict]:
+        """Steps 3-4 of a PPO round: the reward model's accuracy on the round's new pairs, then its update on every
+        pair so far but the round's held-out share, and its accuracy on that share before and after."""
+        c, it = self.cfg, self.cfg.iterate
+        pack = c.packing.pack_sequences
+
+        def accuracy(model: str, rows: list[dict]) -> float | None:
+            return clock("rm_accuracy", lambda: pair_accuracy(model, rows, self.device, self.trust, pack))
+
+        trained, held = split_heldout(prefs, it.rm_holdout, c.run.seed + k)
+        _write_jsonl(round_dir / "heldout.jsonl", held)
+        before, held_before = accuracy(reward_model, prefs), accuracy(reward_model, held)
+        shown = "-" if before is None else f"{before:.3f}"
+        print(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}", flush=True)
+        data = round_dir / "rm_data.jsonl"
+        _write_jsonl(data, offline + collected + trained)
+        updated = clock("rm", lambda: self.update_reward_model(reward_model, data, round_dir / "rm", k))
+        held_after = accuracy(updated, held)
+        if held and it.rm_steps and held_after == held_before:
+            rate, _, _ = self.rm_settings(reward_model)
+            print(
+                f"round {k}: the reward model's update left its accuracy on the {len(held)} held-out pairs at "
+                f"{held_before:.3f}: its learning rate ({rate:g}, {option('rm_learning_rate')}) or "
+                f"{option('rm_steps')} ({it.rm_steps}) may be too small to move it",
+                flush=True,
+            )
+        return updated, {
+            "rm_accuracy_new_pairs": before,
+            "heldout_pairs": len(held),
+            "rm_accuracy_heldout_before": held_before,
+            "rm_accuracy_heldout_after": held_after,
+            "rm_pairs": len(offline) + len(collected) + len(trained),
+        }
+
+    # -- online DPO -----------------------------------------------------------------------------------------
+
+    def dpo_config(self, policy: str, data: Path, pairs: int, out: Path, round_k: int) -> DPOConfig | None:
+        """DPO from ``policy`` on the ``pairs`` rows of ``data`` for --dpo-epochs passes at --learning-rate, the
+        reference --model (None when there are no pairs to learn from)."""
+        c, it = self.cfg, self.cfg.iterate
+        if pairs == 0:
+            return None
+        batch = min(DPOConfig().optim.batch_size, pairs)
+        steps = max(1, math.ceil(it.dpo_epochs * pairs / batch))
+        cfg = DPOConfig(
+            model=ModelArgs(model=policy, trust_remote_code=self.trust),
+            lora=dataclasses.replace(c.lora),
+            data=DataArgs(data=str(data), max_length=c.data.max_length, max_prompt_length=c.data.max_prompt_length),
+            dpo=DPOArgs(beta=it.dpo_beta, ref_model=self.sft if policy != self.sft else ""),
+            optim=OptimArgs(
+                learning_rate=c.optim.learning_rate,
+                batch_size=batch,
+                max_steps=steps,
+                max_grad_norm=c.optim.max_grad_norm,
+            ),
+            packing=dataclasses.replace(c.packing),
+            run=self._run_args(out, c.run.seed + round_k),
+        )
+        cfg.check()
+        return cfg
+
+    def first_dpo_policy(self) -> str:
+        """With --prefs: DPO on them from --model into OUT/round-0/dpo (the counterpart of PPO's first reward
+        model, so both see the same labels); else --model."""
+        it = self.cfg.iterate
+        if not it.prefs:
+            return self.sft
+        out = self.out / "round-0" / "dpo"
+        if not (self.out / "round-0" / ROUND_FILE).is_file():
+            rows = load_examples(it.prefs, "preference", COMMAND)
+            cfg = self.dpo_config(self.sft, Path(it.prefs), len(rows), out, 0)
+            start = time.perf_counter()
+            _execute("dpo", cfg)
+            _write_json(self.out / "round-0" / ROUND_FILE, {"seconds": round(time.perf_counter() - start, 1)})
+        return str(out)
+
+    @staticmethod
+    def _dpo_record(run_dir: Path, cfg: DPOConfig | None) -> dict:
+        metrics = _metrics_rows(run_dir) if cfg is not None else []
+        return {
+            "dpo_steps": cfg.optim.max_steps if cfg is not None else 0,
+            "dpo_loss": _last_mean(metrics, "loss"),
+            "dpo_accuracy": _last_mean(metrics, "rewards/accuracy"),
+        }
 
 
 def _preference_row(ex) -> dict:
@@ -386,20 +574,27 @@ def _preference_row(ex) -> dict:
     return {**row, "margin": ex.margin} if ex.margin is not None else row
 
 
-def _summary(records: list[dict], first_rm: str, first_rm_seconds: float) -> dict:
-    finite = [r["rm_accuracy_new_pairs"] for r in records if r["rm_accuracy_new_pairs"] is not None]
+def _summary(records: list[dict], first_rm: str | None, first_seconds: float) -> dict:
+    finite = [r["rm_accuracy_new_pairs"] for r in records if r.get("rm_accuracy_new_pairs") is not None]
     return {
         "rounds": records,
         "first_reward_model": first_rm,
-        "first_reward_model_seconds": first_rm_seconds,
+        "first_reward_model_seconds": first_seconds,
         "totals": {
             "rounds": len(records),
             "labels": sum(r["labels"] for r in records),
-            "rm_steps": sum(r["rm_steps"] for r in records),
-            "ppo_steps": sum(r["ppo_steps"] for r in records),
-            "seconds": round(first_rm_seconds + sum(r["seconds"] for r in records), 1),  # first RM's too
+            "rm_steps": sum(r.get("rm_steps", 0) for r in records),
+            "ppo_steps": sum(r.get("ppo_steps", 0) for r in records),
+            "dpo_steps": sum(r.get("dpo_steps", 0) for r in records),
+            "collapsed_rounds": sum(bool(r.get("collapsed")) for r in records),
+            "seconds": round(first_seconds + sum(r["seconds"] for r in records), 1),  # the first model's too
         },
         "rm_accuracy_new_pairs": finite,
+        "rm_accuracy_heldout": [
+            [r.get("rm_accuracy_heldout_before"), r.get("rm_accuracy_heldout_after")]
+            for r in records
+            if "heldout_pairs" in r
+        ],
     }
 
 

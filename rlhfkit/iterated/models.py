@@ -24,7 +24,7 @@ RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml")  # a run's records
 
 
 @torch.no_grad()
-def sample_pairs(
+def sample_replies(
     policy_dir: str,
     prompts: list,
     generation: GenerationArgs,
@@ -33,15 +33,23 @@ def sample_pairs(
     device,
     seed: int,
     trust_remote_code: bool = False,
-) -> list[tuple[str, str]]:
-    """Two replies of the policy to each prompt: ``[(a, b)]`` aligned with ``prompts``."""
+    per_prompt: int = 2,
+) -> list[tuple[str, ...]]:
+    """``per_prompt`` replies of the policy to each prompt: ``[(a, b, ...)]`` aligned with ``prompts``."""
     tokenizer = load_tokenizer(policy_dir, trust_remote_code)
     model = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
     ids = [encode_prompt(tokenizer, p, max_prompt_length) for p in prompts]
     seed_everything(seed)
-    responses = sample_responses(model, tokenizer, [i for i in ids for _ in range(2)], generation, batch_size, device)
+    responses = sample_responses(
+        model, tokenizer, [i for i in ids for _ in range(per_prompt)], generation, batch_size, device
+    )
     texts = [decode(tokenizer, r) for r in responses]
-    return [(texts[2 * i], texts[2 * i + 1]) for i in range(len(prompts))]
+    return [tuple(texts[per_prompt * i : per_prompt * (i + 1)]) for i in range(len(prompts))]
+
+
+def sample_pairs(policy_dir: str, prompts: list, *args, **kwargs) -> list[tuple[str, str]]:
+    """Two replies of the policy to each prompt: ``[(a, b)]`` aligned with ``prompts``."""
+    return sample_replies(policy_dir, prompts, *args, **kwargs, per_prompt=2)
 
 
 def pair_accuracy(

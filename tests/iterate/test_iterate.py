@@ -48,11 +48,17 @@ def test_rounds_write_their_files_and_the_summary(two_rounds):
         assert r["labels"] == len(read_jsonl(out / f"round-{r['round']}" / "pairs.jsonl")) > 0
         assert r["labels"] + r["no_preference"] + r["unusable"] == r["pairs"] == 32
         assert 0.0 <= r["rm_accuracy_new_pairs"] <= 1.0
+        assert r["heldout_pairs"] == round(0.2 * r["labels"]) > 0  # the default --rm-holdout
+        assert 0.0 <= r["rm_accuracy_heldout_before"] <= 1.0 and 0.0 <= r["rm_accuracy_heldout_after"] <= 1.0
+        assert 0.0 < r["distinct_replies"] <= 1.0 and 0.0 <= r["similar_pairs"] <= 1.0 and not r["collapsed"]
         assert r["reward"] is not None and r["kl"] is not None
         phases = r["phase_seconds"]  # where the round's time went
         assert set(phases) == {"sample", "label", "rm_accuracy", "rm", "ppo"} and phases["ppo"] > 0
         assert sum(phases.values()) <= r["seconds"] + 0.1 * len(phases)
     assert summary["rm_accuracy_new_pairs"] == [r["rm_accuracy_new_pairs"] for r in summary["rounds"]]
+    assert summary["rm_accuracy_heldout"] == [
+        [r["rm_accuracy_heldout_before"], r["rm_accuracy_heldout_after"]] for r in summary["rounds"]
+    ]
 
 
 def test_every_judged_pair_is_the_judges_preference(two_rounds):
@@ -65,8 +71,15 @@ def test_reward_model_continues_on_all_pairs_and_ppo_on_the_last_round(two_round
     out = two_rounds
     offline = read_jsonl(iterate_task["prefs"])
     round_pairs = [read_jsonl(out / f"round-{k}" / "pairs.jsonl") for k in (1, 2)]
-    assert read_jsonl(out / "round-1" / "rm_data.jsonl") == offline + round_pairs[0]
-    assert read_jsonl(out / "round-2" / "rm_data.jsonl") == offline + round_pairs[0] + round_pairs[1]
+    held = [read_jsonl(out / f"round-{k}" / "heldout.jsonl") for k in (1, 2)]
+    assert all(h and all(p in pairs for p in h) for h, pairs in zip(held, round_pairs))
+
+    def but(rows, out_rows):
+        return [r for r in rows if r not in out_rows]
+
+    # a round's update leaves its held-out pairs out; they join the training pairs from the next round on
+    assert read_jsonl(out / "round-1" / "rm_data.jsonl") == offline + but(round_pairs[0], held[0])
+    assert read_jsonl(out / "round-2" / "rm_data.jsonl") == offline + round_pairs[0] + but(round_pairs[1], held[1])
     rm2 = yaml.safe_load((out / "round-2" / "rm" / "config.yaml").read_text())
     assert rm2["model"] == str(out / "round-1" / "rm")  # continued, not retrained from the SFT model
     ppo1 = yaml.safe_load((out / "round-1" / "ppo" / "config.yaml").read_text())

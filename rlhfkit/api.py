@@ -250,6 +250,24 @@ def iterate(config=None, /, **options: Any) -> Result:
     return Result(Path(resolved["output_dir"]), dict(summary))
 
 
+def judge(config=None, /, **options: Any) -> Result:
+    """A local model labels pairs (``rlhfkit judge``): ``model`` (the judge), ``data`` (pairs), ``output_dir``
+    required; e.g. ``principles``, ``reference``, ``min_confidence``. ``output`` is ``prefs.jsonl``, ``metrics``
+    the report (pairs, ties, order consistency, mean confidence; with ``reference`` the agreement with people)."""
+    report, resolved = _run("judge", config, **options)
+    out = Path(resolved["output_dir"])
+    return Result(out, dict(report), out / "prefs.jsonl")
+
+
+def revise(config=None, /, **options: Any) -> Result:
+    """Constitutional AI's critique-and-revise stage (``rlhfkit revise``): ``model``, ``data`` (prompts),
+    ``output_dir`` required; e.g. ``principles``, ``max_new_tokens``. ``output`` is ``sft.jsonl``, ``metrics`` the
+    report."""
+    report, resolved = _run("revise", config, **options)
+    out = Path(resolved["output_dir"])
+    return Result(out, dict(report), out / "sft.jsonl")
+
+
 def init_model(config=None, /, **options: Any) -> Result:
     """A small random causal LM and a BPE tokenizer trained on ``corpus`` (``rlhfkit init-model``)."""
     _, resolved = _run("init-model", config, **options)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from rlhfkit.config import commands as c
 from rlhfkit.config.iterate import IterateConfig
+from rlhfkit.config.judging import JudgeConfig, ReviseConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import Preempted, UserError
 
@@ -67,6 +68,16 @@ COMMANDS: dict[str, Command] = {
         IterateConfig,
         "rlhfkit.iterated:run",
         "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
+    ),
+    "judge": Command(
+        JudgeConfig,
+        "rlhfkit.judging.run:run",
+        "a local model labels pairs (RLAIF): both orders asked, ties dropped -> prefs.jsonl, agreement with people",
+    ),
+    "revise": Command(
+        ReviseConfig,
+        "rlhfkit.judging.revise:run",
+        "Constitutional AI's supervised stage: answer, critique by a principle, revise -> sft.jsonl, pairs.jsonl",
     ),
     "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
     "score": Command(

@@ -53,11 +53,11 @@ class IterateArgs:
     """Share of each round's new labelled pairs that the round's reward-model update does not train on: its
     accuracy on them before and after the update shows whether the update generalised (they join the training
     pairs from the next round on)."""
-    collapse_ratio: float = 0.5
-    """The policy has collapsed when its share of distinct replies over a round's prompts falls below this
-    fraction of the starting policy's (0: never checked). A collapsed policy's round pairs each of its replies
-    with one of the last healthy policy, so the labels still tell replies apart, and PPO continues from the
-    healthy policy against the reward model that has now seen the collapsed replies."""
+    collapse_similar: float = 0.5
+    """The policy has collapsed when at least this share of its pairs (its two replies to a prompt) are the same
+    or nearly so, more than the starting policy's (0: never checked): the judge cannot tell such replies apart.
+    A collapsed policy's round then pairs each of its replies with one of the last policy that had not
+    collapsed, so the labels (and the reward model) learn what the collapsed replies are worth."""
     min_labels: int = 0
     """With --judge human: close a round once this many pairs are labelled (0: when every pair is labelled or
     skipped by everyone)."""
@@ -110,8 +110,9 @@ class IterateConfig(PPOConfig):
             min_labels=it.min_labels,
             rm_learning_rate=it.rm_learning_rate,
             rm_batch_size=it.rm_batch_size,
-            collapse_ratio=it.collapse_ratio,
         )
+        if not 0 <= it.collapse_similar <= 1:
+            raise UserError(f"{option('collapse_similar')} must be in [0, 1], got {it.collapse_similar}")
         if not 0 <= it.rm_holdout < 1:
             raise UserError(f"{option('rm_holdout')} must be in [0, 1), got {it.rm_holdout}")
         if self.optim.max_steps <= 0:

@@ -2,7 +2,8 @@
 
 A policy that has collapsed onto one reply (or a few) gives pairs whose two replies are the same or nearly so:
 the judge's labels on them are coin flips, and the reward model trained on them learns nothing, or noise. The
-share of distinct replies over a round's prompts shows it before the labels are spent.
+share of such pairs shows it before the labels are spent. (The share of distinct replies over the prompts is
+recorded too, but is no test: a task whose good replies are few narrows it legitimately.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def similar_share(pairs: list[tuple[str, str]]) -> float:
     return sum(similarity(a, b) >= NEAR_IDENTICAL for a, b in pairs) / len(pairs)
 
 
-def collapsed(distinct: float, baseline: float, ratio: float) -> bool:
-    """Whether a policy whose distinct-reply share is ``distinct`` has collapsed, against the starting policy's
-    ``baseline``: below ``ratio`` x baseline (``ratio`` 0: never)."""
-    return ratio > 0 and distinct < ratio * baseline
+def collapsed(similar: float, baseline: float, threshold: float) -> bool:
+    """Whether a policy whose share of near-identical pairs is ``similar`` has collapsed: at least ``threshold``
+    and above the starting policy's ``baseline`` (``threshold`` 0: never)."""
+    return threshold > 0 and similar >= threshold and similar > baseline

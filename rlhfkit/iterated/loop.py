@@ -21,9 +21,9 @@ continued), or with ``--algorithm dpo`` (pairs -> labels -> DPO continued), comp
                                the collapse watch; totals
 
 Per round K (policy pi_{K-1}, reward model R_{K-1}, value model V_{K-1}):
-  1. sample two replies to each of --pairs-per-round prompts from pi_{K-1}; when its share of distinct replies
-     has fallen below --collapse-ratio of the starting policy's, pi_{K-1} has collapsed: the second reply of
-     each pair comes from the last healthy policy instead, and steps 5 continues from that policy;
+  1. sample two replies to each of --pairs-per-round prompts from pi_{K-1}; when --collapse-similar of its
+     pairs or more are near-identical (and more than the starting policy's), pi_{K-1} has collapsed: the second
+     reply of each pair comes from the last policy that had not, so the judge still sees replies that differ;
   2. the judge labels them (a function, or people on the labelling page); -1 and identical replies drop out;
   3. R_{K-1}'s accuracy on these new on-policy pairs is measured (what the round's labels teach it), and on a
      held-out share (--rm-holdout) that the update does not train on;
@@ -56,6 +56,7 @@ from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.training.runtime import pick_device
 
 ROUND_FILE = "round.json"
+MIN_HELDOUT_NOTE = 8  # held-out pairs from which an unmoved accuracy is worth a line (on fewer it is often chance)
 COMMAND = "rlhfkit iterate"
 
 
@@ -248,10 +249,10 @@ class Iteration:
         self, round_dir: Path, policy: str, examples: list, round_k: int, baseline: float | None, healthy: str
     ) -> tuple[list[dict], dict]:
         """Round K's prompts with two replies to each, and the round's sampling record (``sampling.json``): the
-        policy's share of distinct replies, the share of near-identical pairs, and whether the policy has
-        collapsed (its distinct share under --collapse-ratio x ``baseline``, the starting policy's). A collapsed
-        policy's second replies come from ``healthy``, the last policy that had not. Sampled once: a restart
-        reads both back."""
+        policy's share of distinct replies, its share of near-identical pairs, and whether it has collapsed (that
+        share at --collapse-similar or more, and above ``baseline``, the starting policy's). A collapsed policy's
+        second replies come from ``healthy``, the last policy that had not. Sampled once: a restart reads both
+        back."""
         path, record_path = round_dir / "candidates.jsonl", round_dir / "sampling.json"
         if path.is_file() and record_path.is_file():
             return _read_jsonl(path), json.loads(record_path.read_text(encoding="utf-8"))
@@ -262,11 +263,12 @@ class Iteration:
         picked = [examples[order[(start + i) % len(order)]] for i in range(n)]
         prompts = [ex.prompt for ex in picked]
         pairs = self._replies(policy, prompts, round_k, 2)
-        distinct = distinct_share([r for pair in pairs for r in pair])
+        similar = similar_share(pairs)
+        threshold = self.cfg.iterate.collapse_similar
         record = {
-            "distinct_replies": round(distinct, 4),
-            "similar_pairs": round(similar_share(pairs), 4),
-            "collapsed": baseline is not None and collapsed(distinct, baseline, self.cfg.iterate.collapse_ratio),
+            "distinct_replies": round(distinct_share([r for pair in pairs for r in pair]), 4),
+            "similar_pairs": round(similar, 4),
+            "collapsed": baseline is not None and policy != healthy and collapsed(similar, baseline, threshold),
             "sampled_from": [policy, policy],
         }
         if record["collapsed"]:
@@ -274,10 +276,9 @@ class Iteration:
             pairs = [(a, other[0]) for (a, _), other in zip(pairs, others)]
             record["sampled_from"] = [policy, healthy]
             record["similar_pairs_after"] = round(similar_share(pairs), 4)
-            shown = f"{distinct:.2f} against {baseline:.2f} at the start"
             print(
-                f"round {round_k}: the policy has collapsed (distinct replies {shown}); each pair's second reply "
-                f"comes from {healthy}, and PPO continues from it",
+                f"round {round_k}: the policy has collapsed ({similar:.0%} of its pairs near-identical, "
+                f"{baseline:.0%} at the start); each pair's second reply comes from {healthy}",
                 flush=True,
             )
         rows = [
@@ -398,7 +399,7 @@ class Iteration:
         policy = self.first_dpo_policy() if dpo else self.sft
         first_rm, first_seconds = reward_model, self.first_rm_seconds()
         value_model = c.critic.value_model or reward_model  # the value model starts from the reward model
-        healthy = (policy, value_model)  # the last policy (and its value model) that had not collapsed
+        healthy = policy  # the last policy that had not collapsed
         offline = [_preference_row(ex) for ex in load_examples(it.prefs, "preference", COMMAND)] if it.prefs else []
         collected: list[dict] = []
         records: list[dict] = []
@@ -406,13 +407,13 @@ class Iteration:
             round_dir = self.out / f"round-{k}"
             done = round_dir / ROUND_FILE
             run_dir = round_dir / ("dpo" if dpo else "ppo")
-            baseline = records[0]["distinct_replies"] if records else None
+            baseline = records[0]["similar_pairs"] if records else None
             if done.is_file():
                 record = json.loads(done.read_text(encoding="utf-8"))
                 collected += _read_jsonl(round_dir / "pairs.jsonl")
                 records.append(record)
                 if not record["collapsed"]:
-                    healthy = (record["start_policy"], record.get("start_value_model"))
+                    healthy = record["sampled_from"][0]
                 reward_model, policy = record["reward_model"], str(run_dir)
                 value_model = str(run_dir / VALUE_DIR) if (run_dir / VALUE_DIR).is_dir() else value_model
                 continue
@@ -420,16 +421,11 @@ class Iteration:
             clock = _Phases()
             # 1-2. pairs from the current policy (a collapsed one's against the last healthy one), judged (once: a
             #      restart reads the labels back)
-            rows, sampling = clock(
-                "sample", lambda: self.candidates(round_dir, policy, examples, k, baseline, healthy[0])
-            )
-            if sampling["collapsed"]:
-                policy, value_model = healthy
-            else:
-                healthy = (policy, value_model)
+            rows, sampling = clock("sample", lambda: self.candidates(round_dir, policy, examples, k, baseline, healthy))
+            if not sampling["collapsed"]:
+                healthy = policy
             prefs, counts = clock("label", lambda: self.labels(round_dir, rows, judge, human))
             record = {"round": k, "labels": len(prefs), **counts, **sampling}
-            record["start_policy"], record["start_value_model"] = policy, value_model
             if dpo:
                 # 3-5. DPO continued from the policy on the round's pairs, the reference staying --model
                 dpo_cfg = self.dpo_config(policy, round_dir / "pairs.jsonl", len(prefs), run_dir, k)
@@ -500,7 +496,7 @@ class Iteration:
         _write_jsonl(data, offline + collected + trained)
         updated = clock("rm", lambda: self.update_reward_model(reward_model, data, round_dir / "rm", k))
         held_after = accuracy(updated, held)
-        if held and it.rm_steps and held_after == held_before:
+        if len(held) >= MIN_HELDOUT_NOTE and it.rm_steps and held_after == held_before:
             rate, _, _ = self.rm_settings(reward_model)
             print(
                 f"round {k}: the reward model's update left its accuracy on the {len(held)} held-out pairs at "

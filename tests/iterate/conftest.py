@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
+import rlhfkit
 from tests.trainers.online.conftest import BAD, GOOD, PROMPTS, thanks_task  # noqa: F401  (the fixture)
 
 JUDGE = """
@@ -47,3 +49,15 @@ def iterate_task(thanks_task, tmp_path_factory):  # noqa: F811
     (d / "prefs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "judge.py").write_text(JUDGE)
     return {"sft": str(sft), "prompts": str(prompts), "prefs": str(d / "prefs.jsonl"), "judge": f"{d}/judge.py:prefer"}
+
+
+@pytest.fixture(scope="session")
+def two_rounds(iterate_task, tmp_path_factory) -> Path:
+    """A finished two-round run of the task (shared: tests copy it before changing it)."""
+    out = tmp_path_factory.mktemp("two-rounds") / "out"
+    t = iterate_task
+    result = rlhfkit.iterate(
+        model=t["sft"], prefs=t["prefs"], data=t["prompts"], output_dir=str(out), judge=t["judge"], rounds=2, **SMALL
+    )
+    assert result.output_dir == out and result.metrics["totals"]["rounds"] == 2
+    return out

@@ -20,17 +20,6 @@ from tests.helpers import read_jsonl, run_cli
 from .conftest import SMALL, thanks_share
 
 
-@pytest.fixture(scope="module")
-def two_rounds(iterate_task, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("two-rounds") / "out"
-    t = iterate_task
-    result = rlhfkit.iterate(
-        model=t["sft"], prefs=t["prefs"], data=t["prompts"], output_dir=str(out), judge=t["judge"], rounds=2, **SMALL
-    )
-    assert result.output_dir == out and result.metrics["totals"]["rounds"] == 2
-    return out
-
-
 def test_rounds_write_their_files_and_the_summary(two_rounds):
     out = two_rounds
     for k in (1, 2):

@@ -5,7 +5,8 @@ A task provides its data files (`write_data`), a tokenizer corpus and a gold jud
 also name reward functions with TRL's signature `(prompts, completions, **columns) ->
 list[float | None]` for critic-free RL: the support task's gold judge (a reward to
 train on only when the point is to optimise the gold itself), the arithmetic and tools tasks'
-exact-answer checks. Look tasks up by name:
+exact-answer checks. A task with preference data also has simulated raters, a pairwise judge
+(``rlhfkit iterate --judge NAME``). Look tasks up by name:
 
     from rlhfkit.tasks import get_judge, get_task
     judge = get_judge("support")
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import arithmetic, support, tools
+from . import arithmetic, notes, support, tools
 
 RewardFunction = Callable[..., list[float | None]]
 
@@ -68,6 +69,17 @@ TASKS: dict[str, Task] = {
         corpus_text=arithmetic.corpus_text,
         score_range=(0.0, 1.0),
         reward_functions={"exact_answer": arithmetic.exact_answer, "format": arithmetic.format_reward},
+        raters=arithmetic.raters,
+    ),
+    "notes": Task(
+        name="notes",
+        description="short notes judged on form: a length band, a keyword rule with an exception, greeting, sign-off",
+        judge=notes.gold_score,
+        write_data=notes.write_task_data,
+        corpus_text=notes.corpus_text,
+        score_range=(-4.5, 3.0),
+        reward_functions={"gold": notes.gold_reward},
+        raters=notes.raters,
     ),
     "tools": Task(
         name="tools",

@@ -14,8 +14,10 @@ from .dataset import (
     SLIP_RATE,
     completion,
     corpus_text,
+    make_preference_rows,
     make_prompt_rows,
     make_sft_rows,
+    raters,
     write_task_data,
 )
 from .problems import MAX_OPERAND, OPERATORS, Problem, all_problems, format_prompt, make_problems, parse_prompt
@@ -38,9 +40,11 @@ __all__ = [
     "format_reward",
     "judge",
     "make_problems",
+    "make_preference_rows",
     "make_prompt_rows",
     "make_sft_rows",
     "parse_answer",
     "parse_prompt",
+    "raters",
     "write_task_data",
 ]

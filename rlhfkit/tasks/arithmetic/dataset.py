@@ -14,7 +14,9 @@ import json
 import random
 from pathlib import Path
 
+from ..raters import GoldRaters, labelled_pair
 from .problems import Problem, all_problems, make_problems
+from .rewards import judge
 
 # Share of SFT demonstrations whose answer is off by one: the SFT model learns this slip as
 # a habit on every problem, which leaves held-out accuracy below 100% for RL to raise.
@@ -24,9 +26,15 @@ SLIP_RATE = 0.3
 # wrong, so stopping after the number is a habit RL can teach on every problem at once.
 RUN_ON_RATE = 0.3
 
+# The simulated raters' temperature (``rlhfkit.tasks.raters``): between a right and a wrong answer they pick
+# the right one with probability sigmoid(1 / 0.5), about 88%.
+RATER_TEMPERATURE = 0.5
+
 DEFAULT_SIZES = {
     "sft": 2000,
     "sft_eval": 200,
+    "prefs_train": 600,
+    "prefs_eval": 200,
 }
 
 
@@ -78,13 +86,44 @@ def make_sft_rows(
     problems = make_problems(split)
     rows = []
     for p in _problem_cycle(rng, split, n):
-        answer = slipped_answer(rng, p.answer) if rng.random() < slip_rate else p.answer
-        text = completion(answer)
-        if rng.random() < run_on_rate:
-            other = rng.choice(problems)
-            text += "\n" + other.prompt + completion(other.answer)
-        rows.append({"prompt": p.prompt, "completion": text})
+        rows.append({"prompt": p.prompt, "completion": _demonstration(rng, p, problems, slip_rate, run_on_rate)})
     return rows
+
+
+def make_preference_rows(split: str, seed: int = 0, n: int | None = None) -> list[dict]:
+    """Noisy preference pairs ``{"prompt", "chosen", "rejected"}``: two different demonstrations of the same
+    problem (each as ``make_sft_rows`` writes them: right, off by one, or running on), labelled by the task's
+    simulated raters on the gold judge. ``n`` defaults to DEFAULT_SIZES."""
+    _check_split(split)
+    n = DEFAULT_SIZES["prefs_train" if split == "train" else "prefs_eval"] if n is None else n
+    rng = random.Random(f"arithmetic-prefs-{split}-{seed}")
+    problems = make_problems(split)
+    rows = []
+    for p in _problem_cycle(rng, split, n):
+        a = _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)
+        b = _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)
+        while b == a:
+            b = _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)
+        rows.append(labelled_pair(rng, judge, p.prompt, a, b, RATER_TEMPERATURE))
+    return rows
+
+
+def _demonstration(
+    rng: random.Random, p: Problem, problems: list[Problem], slip_rate: float, run_on_rate: float
+) -> str:
+    """A demonstration's completion of ``p``: off by one with probability ``slip_rate``, and running on into
+    another problem of ``problems`` with probability ``run_on_rate``."""
+    answer = slipped_answer(rng, p.answer) if rng.random() < slip_rate else p.answer
+    text = completion(answer)
+    if rng.random() < run_on_rate:
+        other = rng.choice(problems)
+        text += "\n" + other.prompt + completion(other.answer)
+    return text
+
+
+def raters(seed: int = 0) -> GoldRaters:
+    """The simulated raters that labelled the preference pairs, as a pairwise judge of new replies."""
+    return GoldRaters("arithmetic", judge, RATER_TEMPERATURE, seed)
 
 
 def make_prompt_rows(split: str) -> list[dict]:
@@ -113,9 +152,9 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, Path]:
     """Write the task's files into `out_dir` and return `{name: path}`.
 
-    Names: sft, sft_eval (JSONL demonstrations), prompts_train and prompts_eval (every
-    problem of the split once, `{"prompt", "answer"}` rows), corpus (text). `sizes`
-    overrides DEFAULT_SIZES entries.
+    Names: sft, sft_eval (JSONL demonstrations), prefs_train and prefs_eval (the raters'
+    preference pairs), prompts_train and prompts_eval (every problem of the split once,
+    `{"prompt", "answer"}` rows), corpus (text). `sizes` overrides DEFAULT_SIZES entries.
     """
     size = {**DEFAULT_SIZES, **(sizes or {})}
     unknown = set(size) - set(DEFAULT_SIZES)
@@ -126,6 +165,10 @@ def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | 
     files = {
         "sft": _write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
         "sft_eval": _write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
+        "prefs_train": _write_jsonl(
+            out / "prefs_train.jsonl", make_preference_rows("train", seed, size["prefs_train"])
+        ),
+        "prefs_eval": _write_jsonl(out / "prefs_eval.jsonl", make_preference_rows("eval", seed, size["prefs_eval"])),
         "prompts_train": _write_jsonl(out / "prompts_train.jsonl", make_prompt_rows("train")),
         "prompts_eval": _write_jsonl(out / "prompts_eval.jsonl", make_prompt_rows("eval")),
     }

@@ -1,0 +1,242 @@
+"""Iterated RLHF at its defaults on the built-in tasks with preference data (support, arithmetic, notes): plain PPO,
+iterated PPO, offline DPO and online DPO (`rlhfkit iterate --algorithm dpo`) at equal labels, per task and seed,
+each policy's gold score against the SFT model's.
+
+Per task and seed, as a user would run the commands (a tiny Llama, everything not listed at its default):
+
+    init-model --arch llama; sft (1000 steps at 3e-3)
+    rm on the first 150 offline pairs, and rm on the first 300 (learning rate 1e-3, 3 epochs)
+    plain PPO:   ppo --reward-model RM300 --value-model RM300, 90 steps
+    iterated:    iterate --reward-model RM150 --judge TASK --rounds 3 --pairs-per-round 50 --max-steps 30
+                 (150 offline + 150 on-policy labels; its value model also starts from the reward model)
+    DPO:         dpo on the 300 offline pairs, 2 epochs
+    online DPO:  iterate --algorithm dpo --prefs PREFS150 --judge TASK --rounds 3 --pairs-per-round 50
+    every policy at --learning-rate 3e-4
+
+So each method sees 300 labels (the task's simulated raters, the same noise offline and online), PPO runs 90
+steps with the same critic start, and DPO makes at least one epoch over its labels. Gold is measured by `rlhfkit
+eval --gold-judge TASK` on the held-out prompts, 4 samples each, with one sampling seed for every policy; a
+policy's gain is paired with SFT's reply by reply (mean and standard error of the differences).
+
+    python bench/iterate_tasks.py [--tasks support,arithmetic,notes] [--seeds 0,1,2] [--jobs 2]
+    python bench/iterate_tasks.py --report bench/reported/iterate_tasks.json
+
+Each stage is kept in --work-dir and skipped when its output is there, so a stopped run continues. Results merge
+into bench/reported/iterate_tasks.json (per machine and commit) after every finished task-seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import results_file
+from stamp import Stamp, summary
+
+BENCH = Path(__file__).resolve().parent
+OUT = BENCH / "reported" / "iterate_tasks.json"
+RLHFKIT = [sys.executable, "-m", "rlhfkit"]
+METHODS = ("ppo", "iterated", "dpo", "online_dpo")
+NAMES = {"ppo": "plain PPO", "iterated": "iterated PPO", "dpo": "DPO", "online_dpo": "online DPO"}
+OFFLINE_FIRST, LABELS = 150, 300
+POLICY_LR = "3e-4"
+SFT = "--max-steps 1000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine"
+RM = "--learning-rate 1e-3 --num-epochs 3"
+ROUNDS = "--rounds 3 --pairs-per-round 50"
+EVAL_REPEATS = 4
+DEFAULTS = {"tasks": "support,arithmetic,notes", "seeds": "0,1,2", "jobs": 2, "threads": 1}
+
+
+def run(args: list, log: Path) -> None:
+    with log.open("a") as f:
+        f.write("$ rlhfkit " + " ".join(map(str, args)) + "\n")
+        f.flush()
+        done = subprocess.run([*RLHFKIT, *map(str, args)], stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"rlhfkit {args[0]} failed: see {log}")
+
+
+def stage(path: Path, args: list, log: Path, threads: int) -> None:
+    """Run ``rlhfkit ARGS`` unless ``path`` (what it writes last) is already there."""
+    if not path.exists():
+        run([*args, "--threads", threads], log)
+
+
+def head(src: Path, dst: Path, n: int) -> Path:
+    lines = src.read_text().splitlines(keepends=True)
+    if len(lines) < n:
+        raise SystemExit(f"{src}: {len(lines)} rows, {n} needed")
+    dst.write_text("".join(lines[:n]))
+    return dst
+
+
+def gold_rows(path: Path) -> list[float]:
+    return [float(r["gold"]) for r in map(json.loads, path.read_text().splitlines()) if r.strip()]
+
+
+def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
+    """Every stage of one task and seed; returns its gold figures and the iterate runs' round records."""
+    from rlhfkit.tasks import get_task
+
+    d = work / f"{task_name}-{seed}"
+    d.mkdir(parents=True, exist_ok=True)
+    log = d / "log.txt"
+    start = time.perf_counter()
+    files = get_task(task_name).write_data(d / "data", seed=seed)
+    prefs_first = head(files["prefs_train"], d / "prefs150.jsonl", OFFLINE_FIRST)
+    prefs_all = head(files["prefs_train"], d / "prefs300.jsonl", LABELS)
+    prompts = files["prompts_train"]
+    eval_prompts = d / "eval_prompts.jsonl"
+    eval_prompts.write_text(files["prompts_eval"].read_text() * EVAL_REPEATS)
+    seed_flag = ["--seed", seed, "--progress", "false"]
+    stage(d / "base" / "config.json", ["init-model", "--arch", "llama", "--corpus", files["corpus"],
+          "--output-dir", d / "base", "--seed", seed], log, threads)  # fmt: skip
+    sft = d / "sft"
+    stage(sft / "model.safetensors", ["sft", "--model", d / "base", "--data", files["sft"], "--output-dir", sft,
+          *SFT.split(), *seed_flag], log, threads)  # fmt: skip
+    rms = {}
+    for n, data in ((OFFLINE_FIRST, prefs_first), (LABELS, prefs_all)):
+        rms[n] = d / f"rm{n}"
+        stage(rms[n] / "reward_stats.json", ["rm", "--model", sft, "--data", data, "--eval-data",
+              files["prefs_eval"], "--output-dir", rms[n], *RM.split(), *seed_flag], log, threads)  # fmt: skip
+    policies = {
+        "ppo": d / "ppo",
+        "iterated": d / "iterated" / "final",
+        "dpo": d / "dpo",
+        "online_dpo": d / "online_dpo" / "final",
+    }
+    common = ["--model", sft, "--learning-rate", POLICY_LR, *seed_flag]
+    stage(policies["ppo"] / "model.safetensors", ["ppo", *common, "--reward-model", rms[LABELS], "--value-model",
+          rms[LABELS], "--data", prompts, "--max-steps", 90, "--output-dir", d / "ppo"], log, threads)  # fmt: skip
+    stage(policies["iterated"] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
+          "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30,
+          "--output-dir", d / "iterated", "--overwrite-output-dir"], log, threads)  # fmt: skip
+    stage(policies["dpo"] / "model.safetensors", ["dpo", *common, "--data", prefs_all, "--num-epochs", 2,
+          "--output-dir", d / "dpo"], log, threads)  # fmt: skip
+    stage(policies["online_dpo"] / "model.safetensors", ["iterate", *common, "--algorithm", "dpo", "--prefs",
+          prefs_first, "--judge", task_name, "--data", prompts, *ROUNDS.split(),
+          "--output-dir", d / "online_dpo", "--overwrite-output-dir"], log, threads)  # fmt: skip
+    golds = {}
+    for name, model in {"sft": sft, **policies}.items():
+        out = d / "eval" / f"{name}.json"
+        stage(out, ["eval", "--model", model, "--data", eval_prompts, "--gold-judge", task_name, "--output", out,
+              "--seed", 1234], log, threads)  # fmt: skip
+        golds[name] = gold_rows(out.with_suffix(".samples.jsonl"))
+    result = {"sft_gold": statistics.mean(golds["sft"]), "seconds": round(time.perf_counter() - start)}
+    for name in METHODS:
+        diffs = [a - b for a, b in zip(golds[name], golds["sft"])]
+        result[name] = {
+            "gold": statistics.mean(golds[name]),
+            "gain": statistics.mean(diffs),
+            "gain_se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
+        }
+    for name in ("iterated", "online_dpo"):
+        rounds = json.loads((d / name / "summary.json").read_text())["rounds"]
+        keys = ("round", "labels", "similar_pairs", "collapsed", "rm_accuracy_new_pairs", "rm_accuracy_heldout_before",
+                "rm_accuracy_heldout_after", "reward", "reward_std", "kl")  # fmt: skip
+        result[name]["rounds"] = [{k: r[k] for k in keys if k in r} for r in rounds]
+    diffs = [a - b for a, b in zip(golds["iterated"], golds["ppo"])]
+    result["iterated_minus_ppo"] = {
+        "mean": statistics.mean(diffs),
+        "se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
+    }
+    return result
+
+
+def t_test_p(values: list[float]) -> float | None:
+    """Two-sided p of a one-sample t-test of mean 0 (Student's t with n - 1 degrees of freedom, by integrating
+    its density); None for fewer than 2 values or no spread."""
+    n = len(values)
+    if n < 2 or statistics.stdev(values) == 0:
+        return None
+    t = abs(statistics.mean(values)) / (statistics.stdev(values) / math.sqrt(n))
+    df = n - 1
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    steps = 20000
+    h = t / steps
+    density = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+    inner = h / 3 * (density[0] + density[-1] + 4 * sum(density[1:-1:2]) + 2 * sum(density[2:-1:2]))
+    return max(0.0, 1 - 2 * inner)
+
+
+def table(run: dict) -> list[str]:
+    """The run's table: per task, each method's gain over SFT per seed (± its paired s.e.) and across seeds."""
+    lines = [
+        "| task | method | " + " | ".join(f"seed {s}" for s in run["seeds"]) + " | mean ± s.e. over seeds |",
+        "|---|---|" + "---|" * len(run["seeds"]) + "---|",
+    ]
+    for task in run["tasks"]:
+        per_seed = [run["results"].get(f"{task}-{s}") for s in run["seeds"]]
+        done = [r for r in per_seed if r]
+        if not done:
+            continue
+        sft = [r["sft_gold"] for r in done]
+        cells = [f"{r['sft_gold']:.2f}" if r else "–" for r in per_seed]
+        lines.append(f"| {task} | SFT gold | " + " | ".join(cells) + f" | {statistics.mean(sft):.2f} |")
+        for m in METHODS:
+            cells = [f"{r[m]['gain']:+.2f} ± {r[m]['gain_se']:.2f}" if r else "–" for r in per_seed]
+            gains = [r[m]["gain"] for r in done]
+            spread = f" ± {statistics.stdev(gains) / math.sqrt(len(gains)):.2f}" if len(gains) > 1 else ""
+            lines.append(
+                f"| {task} | {NAMES[m]} | " + " | ".join(cells) + f" | {statistics.mean(gains):+.2f}{spread} |"
+            )
+        d = [r["iterated_minus_ppo"]["mean"] for r in done]
+        p = t_test_p(d)
+        cells = [
+            f"{r['iterated_minus_ppo']['mean']:+.2f} ± {r['iterated_minus_ppo']['se']:.2f}" if r else "–"
+            for r in per_seed
+        ]
+        tail = f"{statistics.mean(d):+.2f}" + (f", p = {p:.2f}" if p is not None else "")
+        lines.append(f"| {task} | iterated − plain PPO | " + " | ".join(cells) + f" | {tail} |")
+    return lines
+
+
+def print_table(run: dict) -> None:
+    print("\n".join(table(run)))
+    print(summary(run.get("stamp")))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default=DEFAULTS["tasks"], help="comma-separated tasks with raters")
+    ap.add_argument("--seeds", default=DEFAULTS["seeds"], help="comma-separated seeds")
+    ap.add_argument("--jobs", type=int, default=DEFAULTS["jobs"], help="task-seeds run side by side")
+    ap.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="CPU threads of each command")
+    ap.add_argument("--work-dir", default=str(BENCH / ".work" / "iterate_tasks"), help="where the runs are kept")
+    ap.add_argument("--out", default=str(OUT), help="the results file")
+    args = results_file.parse_or_report(ap, argv, print_table)
+    if args is None:
+        return
+    stamp = Stamp()
+    tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
+    settings = {k: getattr(args, k) for k in DEFAULTS}
+    key = results_file.run_key(stamp.commit, settings, DEFAULTS)
+    machine = results_file.machine_key(stamp.record())
+    previous = results_file.read(Path(args.out), "iterate_tasks").get("machines", {}).get(machine, {}).get(key, {})
+    run_record = {"tasks": tasks, "seeds": seeds, "results": previous.get("results", {})}
+    work = Path(args.work_dir)
+    jobs = [(t, s) for t in tasks for s in seeds if f"{t}-{s}" not in run_record["results"]]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(one, t, s, work, args.threads): (t, s) for t, s in jobs}
+        for future in futures:
+            t, s = futures[future]
+            try:
+                run_record["results"][f"{t}-{s}"] = future.result()
+            except Exception as exc:  # one failed task-seed is reported; the others still run
+                print(f"{t} seed {s}: {exc}", flush=True)
+                continue
+            run_record["stamp"] = stamp.record()
+            results_file.merge(Path(args.out), "iterate_tasks", machine, key, run_record)
+            print(f"{t} seed {s} done", flush=True)
+    print_table(run_record)
+
+
+if __name__ == "__main__":
+    main()

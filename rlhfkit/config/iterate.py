@@ -14,6 +14,13 @@ from rlhfkit.config.pages import ServeArgs
 from rlhfkit.errors import UserError, option
 
 HUMAN = "human"
+MODEL = "model:"  # --judge model:PATH, a local causal LM as the judge
+HUMAN_AND_MODEL = "human+model:"  # people label a share of each round, the model the rest
+
+
+def needs_people(judge) -> bool:
+    """Whether the judge spec sends pairs to the labelling page (all of them, or a share)."""
+    return isinstance(judge, str) and (judge == HUMAN or judge.startswith(HUMAN_AND_MODEL))
 
 
 @dataclass
@@ -22,8 +29,11 @@ class IterateArgs:
     """Who labels each round's pairs: FILE.py:NAME (in Python also the function itself), a function
     prefer(prompts, completions, **kwargs) -> list[int] where completions[i] is the pair [a, b] and the answer
     0 (a is better), 1 (b is better) or -1 (no preference: the pair is dropped); 'human': the pairs go to a
-    labelling page (as `rlhfkit label`'s) and the round waits for the labels; or a built-in task's simulated
-    raters by name ('support': the noisy rule that labelled the support task's pairs, seeded with --seed)."""
+    labelling page (as `rlhfkit label`'s) and the round waits for the labels; model:PATH: a local causal LM
+    (a folder or .gguf) judges, as `rlhfkit judge` does (both orders asked, a pair whose answer flips is dropped);
+    human+model:PATH: people label --human-share of each round's pairs on the page, the model the rest, and the
+    round records the model's agreement with people on their share; or a built-in task's simulated raters by
+    name ('support': the noisy rule that labelled the support task's pairs, seeded with --seed)."""
     prefs: str = ""
     """Preference pairs (prompt, chosen, rejected) to train the first reward model on (from --model) when no
     --reward-model is given; kept in every round's reward-model data."""
@@ -70,6 +80,12 @@ class IterateArgs:
     """With --judge human: Markdown file of labelling guidelines, one click away on the page."""
     poll_seconds: float = 5.0
     """With --judge human: how often a waiting round checks for new labels."""
+    judge_principles: str = ""
+    """With --judge model:PATH or human+model:PATH: text file of principles, one per line, that the model judges
+    by (empty: a short helpful, honest and harmless default)."""
+    human_share: float = 0.25
+    """With --judge human+model:PATH: share of each round's pairs that people label (drawn at random); the model
+    judges every pair, and its labels are used for the others."""
 
 
 @dataclass
@@ -126,7 +142,17 @@ class IterateConfig(PPOConfig):
 
         if not callable(it.judge) and it.judge != HUMAN and ":" not in it.judge and it.judge not in rater_tasks():
             names = ", ".join(f"'{n}'" for n in rater_tasks())
-            raise UserError(f"{option('judge', it.judge)}: give FILE.py:NAME, 'human', or a task's raters ({names})")
+            raise UserError(
+                f"{option('judge', it.judge)}: give FILE.py:NAME, 'human', or a task's raters ({names}), or a model "
+                "judge: model:PATH or human+model:PATH"
+            )
+        for prefix in (MODEL, HUMAN_AND_MODEL):
+            if isinstance(it.judge, str) and it.judge.startswith(prefix) and not it.judge[len(prefix) :]:
+                raise UserError(f"{option('judge', it.judge)}: give the judge model's folder or .gguf file after it")
+        if not 0 < it.human_share <= 1:
+            raise UserError(f"{option('human_share')} must be in (0, 1], got {it.human_share}")
+        if it.judge_principles and not Path(it.judge_principles).is_file():
+            raise UserError(f"{it.judge_principles}: {option('judge_principles')} file does not exist")
         if it.guidelines and not Path(it.guidelines).is_file():
             raise UserError(f"{it.guidelines}: {option('guidelines')} file does not exist")
         if not 0 <= self.serve.port <= 65535:

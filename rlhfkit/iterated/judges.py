@@ -7,7 +7,7 @@ The convention is TRL's pairwise judge::
 ``completions[i]`` is the pair ``[a, b]`` for ``prompts[i]``; the answer is 0 (a is better), 1 (b is better)
 or -1 (no preference: the pair is dropped). ``kwargs`` holds the prompt rows' other columns, as lists aligned
 with ``prompts``, when the function takes them (by name, or with ``**kwargs``). A rule, a program, or another
-model (RLAIF) all fit.
+model (RLAIF) all fit: ``model:PATH`` is a local causal LM asked as `rlhfkit judge` asks it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlhfkit.config.iterate import HUMAN_AND_MODEL, MODEL
 from rlhfkit.errors import UserError, option
+from rlhfkit.judging.agreement import judge_summary
+from rlhfkit.judging.model import ModelJudge
+from rlhfkit.judging.prompts import read_principles
 from rlhfkit.userfiles import load_object, split_spec
 
 ANSWERS = (0, 1, -1)
@@ -65,12 +69,17 @@ def _accepted(fn: Callable, columns: dict[str, list]) -> dict[str, list]:
     return {k: v for k, v in columns.items() if k in names}
 
 
-def load_judge(spec, seed: int = 0) -> Judge:
+def load_judge(spec, seed: int = 0, principles: str = "") -> Judge:
     """The judge ``spec`` names: a function in a Python file, ``FILE.py:NAME``, a built-in task's simulated raters
-    by the task's name (``rlhfkit.tasks.rater_tasks``; seeded with ``seed``), or (through the Python API) a
+    by the task's name (``rlhfkit.tasks.rater_tasks``; seeded with ``seed``), a local causal LM (``model:PATH``,
+    or the model of ``human+model:PATH``) judging by the ``principles`` file, or (through the Python API) a
     callable; checked to take ``(prompts, completions)``."""
     from rlhfkit.tasks import get_task, rater_tasks
 
+    for prefix in (MODEL, HUMAN_AND_MODEL):
+        if isinstance(spec, str) and spec.startswith(prefix):
+            path = spec[len(prefix) :]
+            return Judge(ModelJudge(path, read_principles(principles), seed=seed), spec)
     if isinstance(spec, str) and spec in rater_tasks():
         return Judge(get_task(spec).raters(seed), spec)
     if callable(spec):
@@ -93,3 +102,11 @@ def _checked(fn: Callable, name: str, spec: str) -> Judge:
             f"0 / 1 / -1 ({exc})"
         ) from None
     return Judge(fn, spec)
+
+
+def judge_record(judge: Judge) -> dict:
+    """What a model judge's last call says of itself (ties, order consistency, confidence) for a round's record;
+    nothing for other judges."""
+    if not isinstance(judge.fn, ModelJudge) or not judge.fn.last_verdicts:
+        return {}
+    return {"model_judge": judge_summary(judge.fn.last_verdicts, judge.fn.min_confidence)}

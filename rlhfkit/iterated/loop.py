@@ -43,14 +43,15 @@ import time
 from pathlib import Path
 
 from rlhfkit.config.commands import DPOArgs, DPOConfig, RMConfig
-from rlhfkit.config.iterate import HUMAN, IterateConfig
+from rlhfkit.config.iterate import HUMAN, IterateConfig, needs_people
 from rlhfkit.config.online import PPOConfig
 from rlhfkit.config.parse import load_yaml, save_config
 from rlhfkit.config.parts import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share
-from rlhfkit.iterated.judges import load_judge
+from rlhfkit.iterated.judges import judge_record, load_judge
+from rlhfkit.iterated.mixed import mixed_labels
 from rlhfkit.iterated.models import VALUE_DIR, copy_model, pair_accuracy, sample_replies, save_value_model
 from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.training.runtime import pick_device
@@ -310,7 +311,13 @@ class Iteration:
         path, counts_path = round_dir / "pairs.jsonl", round_dir / "labels.json"
         if path.is_file():
             return _read_jsonl(path), json.loads(counts_path.read_text(encoding="utf-8"))
-        if human is not None:
+        if human is not None and judge != HUMAN:  # people label a share, a model judge the rest
+            it, distinct = self.cfg.iterate, [r for r in rows if usable(r)]
+            prefs, counts = mixed_labels(
+                round_dir, distinct, judge, human, it.human_share, self.cfg.run.seed, it.min_labels
+            )
+            counts = {"pairs": len(rows), "unusable": len(rows) - len(distinct), **counts}
+        elif human is not None:
             to_label = round_dir / "to_label.jsonl"
             if not to_label.is_file():
                 _write_jsonl(to_label, [r for r in rows if usable(r)])
@@ -318,6 +325,7 @@ class Iteration:
             counts = {"pairs": len(rows), "unusable": sum(not usable(r) for r in rows)}
         else:
             prefs, counts = self.judge_pairs(judge, rows)
+            counts.update(judge_record(judge))  # a model judge's ties, order consistency and confidence
         _write_json(counts_path, counts)
         _write_jsonl(path, prefs)  # last: its presence means the round is labelled
         return prefs, counts
@@ -363,7 +371,7 @@ class Iteration:
     def run(self) -> dict:
         c, it = self.cfg, self.cfg.iterate
         examples = load_examples(c.data.data, "prompt", COMMAND)
-        judge = HUMAN if it.judge == HUMAN else load_judge(it.judge, c.run.seed)
+        judge = HUMAN if it.judge == HUMAN else load_judge(it.judge, c.run.seed, it.judge_principles)
         if it.prefs:
             load_examples(it.prefs, "preference", COMMAND)  # every row checked before anything is trained
         started = [p for p in self.out.glob("round-*") if p.is_dir()] if self.out.is_dir() else []
@@ -379,7 +387,7 @@ class Iteration:
         self.out.mkdir(parents=True, exist_ok=True)
         save_config(c, self.out)
         human = None
-        if judge == HUMAN:
+        if needs_people(it.judge):
             from rlhfkit.iterated.human import HumanJudge
 
             names = [n.strip() for n in it.annotators.split(",") if n.strip()]

@@ -18,8 +18,17 @@ NAMES = "alice bob carol dave erin frank".split()
 PRINCIPLES = ("Prefer the shorter reply.",)
 
 
+# the iterate tests' policy replies (a customer-support prompt, a few words), for the judge to have seen their kind
+THANKS_WORDS = sorted({w for reply in GOOD + BAD for w in reply.split()})
+
+
 def short_long(rng: random.Random) -> dict:
-    """A prompt, a reply of 1-3 words and one of 6-9."""
+    """A prompt, a reply of 1-3 words and one of 6-9 (of the thanks task's words, after one of its prompts, in a
+    third of them)."""
+    if rng.random() < 1 / 3:
+        words = lambda n: " ".join(rng.choice(THANKS_WORDS) for _ in range(n))  # noqa: E731
+        short, long = words(rng.randint(1, 3)), words(rng.randint(4, 8))
+        return {"prompt": rng.choice(PROMPTS), "short": " " + short, "long": " " + long}
     words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
     return {"prompt": f"hi {rng.choice(NAMES)}", "short": words(rng.randint(1, 3)), "long": words(rng.randint(6, 9))}
 

@@ -38,13 +38,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import results_file
+from iterate_tables import rows_of
 from stamp import Stamp, summary
 
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "reported" / "iterate_tasks.json"
 RLHFKIT = [sys.executable, "-m", "rlhfkit"]
 METHODS = ("ppo", "iterated", "dpo", "online_dpo")
-NAMES = {"ppo": "plain PPO", "iterated": "iterated PPO", "dpo": "DPO", "online_dpo": "online DPO"}
 OFFLINE_FIRST, LABELS = 150, 300
 POLICY_LR = "3e-4"
 SFT = "--max-steps 1000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine"
@@ -150,56 +150,8 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
     return result
 
 
-def t_test_p(values: list[float]) -> float | None:
-    """Two-sided p of a one-sample t-test of mean 0 (Student's t with n - 1 degrees of freedom, by integrating
-    its density); None for fewer than 2 values or no spread."""
-    n = len(values)
-    if n < 2 or statistics.stdev(values) == 0:
-        return None
-    t = abs(statistics.mean(values)) / (statistics.stdev(values) / math.sqrt(n))
-    df = n - 1
-    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
-    steps = 20000
-    h = t / steps
-    density = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
-    inner = h / 3 * (density[0] + density[-1] + 4 * sum(density[1:-1:2]) + 2 * sum(density[2:-1:2]))
-    return max(0.0, 1 - 2 * inner)
-
-
-def table(run: dict) -> list[str]:
-    """The run's table: per task, each method's gain over SFT per seed (± its paired s.e.) and across seeds."""
-    lines = [
-        "| task | method | " + " | ".join(f"seed {s}" for s in run["seeds"]) + " | mean ± s.e. over seeds |",
-        "|---|---|" + "---|" * len(run["seeds"]) + "---|",
-    ]
-    for task in run["tasks"]:
-        per_seed = [run["results"].get(f"{task}-{s}") for s in run["seeds"]]
-        done = [r for r in per_seed if r]
-        if not done:
-            continue
-        sft = [r["sft_gold"] for r in done]
-        cells = [f"{r['sft_gold']:.2f}" if r else "–" for r in per_seed]
-        lines.append(f"| {task} | SFT gold | " + " | ".join(cells) + f" | {statistics.mean(sft):.2f} |")
-        for m in METHODS:
-            cells = [f"{r[m]['gain']:+.2f} ± {r[m]['gain_se']:.2f}" if r else "–" for r in per_seed]
-            gains = [r[m]["gain"] for r in done]
-            spread = f" ± {statistics.stdev(gains) / math.sqrt(len(gains)):.2f}" if len(gains) > 1 else ""
-            lines.append(
-                f"| {task} | {NAMES[m]} | " + " | ".join(cells) + f" | {statistics.mean(gains):+.2f}{spread} |"
-            )
-        d = [r["iterated_minus_ppo"]["mean"] for r in done]
-        p = t_test_p(d)
-        cells = [
-            f"{r['iterated_minus_ppo']['mean']:+.2f} ± {r['iterated_minus_ppo']['se']:.2f}" if r else "–"
-            for r in per_seed
-        ]
-        tail = f"{statistics.mean(d):+.2f}" + (f", p = {p:.2f}" if p is not None else "")
-        lines.append(f"| {task} | iterated − plain PPO | " + " | ".join(cells) + f" | {tail} |")
-    return lines
-
-
 def print_table(run: dict) -> None:
-    print("\n".join(table(run)))
+    print("\n".join(rows_of(run["results"])))
     print(summary(run.get("stamp")))
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from demo_tables import demo_rounds, demo_seeds
 from engine_tables import vllm_engine
+from iterate_tables import iterate_tasks
 from table_parts import (
     AVX2,
     AVX512,
@@ -49,6 +50,7 @@ DOCS = [
     ROOT / "docs" / "concepts.md",
     ROOT / "docs" / "demo.md",
     ROOT / "docs" / "generation.md",
+    ROOT / "docs" / "iterated.md",
 ]
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
@@ -484,6 +486,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_seeds": demo_seeds,
     "demo_rounds": demo_rounds,
     "vllm_engine": vllm_engine,
+    "iterate_tasks": iterate_tasks,
 }
 
 

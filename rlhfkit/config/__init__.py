@@ -17,6 +17,7 @@ from rlhfkit.config.commands import (
     ViewConfig,
 )
 from rlhfkit.config.iterate import IterateConfig
+from rlhfkit.config.judging import JudgeConfig, ReviseConfig
 
 __all__ = [
     "DPOConfig",
@@ -26,11 +27,13 @@ __all__ = [
     "GenerateConfig",
     "InitModelConfig",
     "IterateConfig",
+    "JudgeConfig",
     "LabelConfig",
     "MergeConfig",
     "PPOConfig",
     "RLOOConfig",
     "RMConfig",
+    "ReviseConfig",
     "SFTConfig",
     "ScoreConfig",
     "ViewConfig",

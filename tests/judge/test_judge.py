@@ -4,6 +4,7 @@ hand-worked values; every input row checked before the model loads."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -146,3 +147,14 @@ def test_a_prompt_too_long_for_the_judge_stops_before_judging(length_judge, tmp_
             principles=length_judge["principles"], max_length=20,
         )  # fmt: skip
     assert not (tmp_path / "o" / "prefs.jsonl").exists()
+
+
+def test_use_vllm_without_vllm_is_one_clear_error(length_judge, tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: the vLLM tier runs it")
+    write_jsonl(tmp_path / "pairs.jsonl", candidate_rows(2, seed=1))
+    with pytest.raises(UserError, match=r"use_vllm: vLLM is not installed"):
+        rlhfkit.judge(
+            model=length_judge["model"], data=str(tmp_path / "pairs.jsonl"), output_dir=str(tmp_path / "o"),
+            principles=length_judge["principles"], use_vllm=True,
+        )  # fmt: skip

@@ -9,7 +9,8 @@ continued), or with ``--algorithm dpo`` (pairs -> labels -> DPO continued), comp
     OUT/round-K/candidates.jsonl  the prompts and the two replies to each (the pairs to judge)
     OUT/round-K/pairs.jsonl    the judged pairs as preference rows (written once labelled: a restart keeps them)
     OUT/round-K/heldout.jsonl  the part of them the round's reward-model update does not train on
-    OUT/round-K/labels/        with --judge human: the round's label store and its export (of to_label.jsonl)
+    OUT/round-K/labels/        with --judge human (or human+model:PATH, for people's share): the round's label
+                               store and its export (of to_label.jsonl)
     OUT/round-K/rm_data.jsonl  the pairs the reward model continued on
     OUT/round-K/rm/            the reward model after round K
     OUT/round-K/ppo/           the policy after round K (value/: its value model); with dpo: OUT/round-K/dpo/
@@ -24,7 +25,8 @@ Per round K (policy pi_{K-1}, reward model R_{K-1}, value model V_{K-1}):
   1. sample two replies to each of --pairs-per-round prompts from pi_{K-1}; when --collapse-similar of its
      pairs or more are near-identical (and more than the starting policy's), pi_{K-1} has collapsed: the second
      reply of each pair comes from the last policy that had not, so the judge still sees replies that differ;
-  2. the judge labels them (a function, or people on the labelling page); -1 and identical replies drop out;
+  2. the judge labels them (a function, a local model, or people on the labelling page, or people a share and a
+     model the rest); -1 and identical replies drop out;
   3. R_{K-1}'s accuracy on these new on-policy pairs is measured (what the round's labels teach it), and on a
      held-out share (--rm-holdout) that the update does not train on;
   4. R_K = R_{K-1} trained --rm-steps more on all pairs so far but the held-out ones, with the settings it was

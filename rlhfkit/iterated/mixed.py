@@ -37,7 +37,7 @@ def mixed_labels(
     # the model first: people's labels, once in, are compared with its answers on their pairs
     answers = judge([r["prompt"] for r in rows], [list(r["responses"]) for r in rows])
     verdicts = judge.fn.last_verdicts
-    people = human.label(round_dir, to_label, min_labels)
+    people = human.label(round_dir, to_label, min_labels) if ours else []  # no usable pair: nothing to ask
     mine = set(ours)
     model_prefs = []
     for i, (r, answer) in enumerate(zip(rows, answers)):

@@ -11,7 +11,13 @@ from table_parts import AVX2, Run, sources
 
 # The runs the docs table shows (machine key, run key); their task-seeds are shown together.
 ITERATE_RUNS: list[tuple[str, str]] = []
-METHODS = {"ppo": "plain PPO", "iterated": "iterated PPO", "dpo": "DPO", "online_dpo": "online DPO"}
+METHODS = {
+    "ppo": "plain PPO",
+    "iterated": "iterated PPO",
+    "iterated_fixed_rm_lr": "iterated PPO, RM updates at 2e-5",
+    "dpo": "DPO",
+    "online_dpo": "online DPO",
+}
 TASK_ORDER = ("support", "arithmetic", "notes")
 
 
@@ -54,6 +60,8 @@ def rows_of(results: dict) -> list[str]:
         mean_sft = statistics.mean(r["sft_gold"] for r in done)
         lines.append(f"| {task} | SFT (gold) | " + " | ".join(cells) + f" | {mean_sft:.2f} |")
         for m, name in METHODS.items():
+            if not all(m in r for r in done):
+                continue  # a method some runs did not have
             cells = [f"{r[m]['gain']:+.2f} ± {r[m]['gain_se']:.2f}" if r else "–" for r in per_seed]
             lines.append(f"| | {name} | " + " | ".join(cells) + f" | {over_seeds([r[m]['gain'] for r in done])} |")
         diffs = [r["iterated_minus_ppo"]["mean"] for r in done]

@@ -8,7 +8,8 @@ Per task and seed, as a user would run the commands (a tiny Llama, everything no
     rm on the first 150 offline pairs, and rm on the first 300 (learning rate 1e-3, 3 epochs)
     plain PPO:   ppo --reward-model RM300 --value-model RM300, 90 steps
     iterated:    iterate --reward-model RM150 --judge TASK --rounds 3 --pairs-per-round 50 --max-steps 30
-                 (150 offline + 150 on-policy labels; its value model also starts from the reward model)
+                 (150 offline + 150 on-policy labels; its value model also starts from the reward model);
+                 again with --rm-learning-rate 2e-5 (a fixed rate, not the reward model's own)
     DPO:         dpo on the 300 offline pairs, 2 epochs
     online DPO:  iterate --algorithm dpo --prefs PREFS150 --judge TASK --rounds 3 --pairs-per-round 50
     every policy at --learning-rate 3e-4
@@ -44,7 +45,7 @@ from stamp import Stamp, summary
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "reported" / "iterate_tasks.json"
 RLHFKIT = [sys.executable, "-m", "rlhfkit"]
-METHODS = ("ppo", "iterated", "dpo", "online_dpo")
+METHODS = ("ppo", "iterated", "iterated_fixed_rm_lr", "dpo", "online_dpo")
 OFFLINE_FIRST, LABELS = 150, 300
 POLICY_LR = "3e-4"
 SFT = "--max-steps 1000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine"
@@ -78,7 +79,7 @@ def head(src: Path, dst: Path, n: int) -> Path:
 
 
 def gold_rows(path: Path) -> list[float]:
-    return [float(r["gold"]) for r in map(json.loads, path.read_text().splitlines()) if r.strip()]
+    return [float(json.loads(line)["gold"]) for line in path.read_text().splitlines() if line.strip()]
 
 
 def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
@@ -95,7 +96,7 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
     prompts = files["prompts_train"]
     eval_prompts = d / "eval_prompts.jsonl"
     eval_prompts.write_text(files["prompts_eval"].read_text() * EVAL_REPEATS)
-    seed_flag = ["--seed", seed, "--progress", "false"]
+    seed_flag = ["--seed", seed, "--progress", "false", "--overwrite-output-dir"]  # a stopped stage starts again
     stage(d / "base" / "config.json", ["init-model", "--arch", "llama", "--corpus", files["corpus"],
           "--output-dir", d / "base", "--seed", seed], log, threads)  # fmt: skip
     sft = d / "sft"
@@ -109,6 +110,7 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
     policies = {
         "ppo": d / "ppo",
         "iterated": d / "iterated" / "final",
+        "iterated_fixed_rm_lr": d / "iterated_fixed_rm_lr" / "final",
         "dpo": d / "dpo",
         "online_dpo": d / "online_dpo" / "final",
     }
@@ -117,12 +119,16 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
           rms[LABELS], "--data", prompts, "--max-steps", 90, "--output-dir", d / "ppo"], log, threads)  # fmt: skip
     stage(policies["iterated"] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
           "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30,
-          "--output-dir", d / "iterated", "--overwrite-output-dir"], log, threads)  # fmt: skip
+          "--output-dir", d / "iterated"], log, threads)  # fmt: skip
+    # the same with the reward model's updates at a fixed 2e-5 instead of its own rate: what carrying it over does
+    stage(policies["iterated_fixed_rm_lr"] / "model.safetensors", ["iterate", *common, "--reward-model",
+          rms[OFFLINE_FIRST], "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30,
+          "--rm-learning-rate", "2e-5", "--output-dir", d / "iterated_fixed_rm_lr"], log, threads)  # fmt: skip
     stage(policies["dpo"] / "model.safetensors", ["dpo", *common, "--data", prefs_all, "--num-epochs", 2,
           "--output-dir", d / "dpo"], log, threads)  # fmt: skip
     stage(policies["online_dpo"] / "model.safetensors", ["iterate", *common, "--algorithm", "dpo", "--prefs",
           prefs_first, "--judge", task_name, "--data", prompts, *ROUNDS.split(),
-          "--output-dir", d / "online_dpo", "--overwrite-output-dir"], log, threads)  # fmt: skip
+          "--output-dir", d / "online_dpo"], log, threads)  # fmt: skip
     golds = {}
     for name, model in {"sft": sft, **policies}.items():
         out = d / "eval" / f"{name}.json"
@@ -137,7 +143,7 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
             "gain": statistics.mean(diffs),
             "gain_se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
         }
-    for name in ("iterated", "online_dpo"):
+    for name in ("iterated", "iterated_fixed_rm_lr", "online_dpo"):
         rounds = json.loads((d / name / "summary.json").read_text())["rounds"]
         keys = ("round", "labels", "similar_pairs", "collapsed", "rm_accuracy_new_pairs", "rm_accuracy_heldout_before",
                 "rm_accuracy_heldout_after", "reward", "reward_std", "kl")  # fmt: skip

@@ -135,3 +135,22 @@ def test_demo_seeds_runs_each_seed_resumable_with_the_demos_own_options(tmp_path
     args.kl_ablation = "true"  # part of a demo run's identity: a seed started with it continues only with it
     cmd = demo_seeds.demo_command(args, 1, tmp_path / "seed1")
     assert cmd[cmd.index("--kl-ablation") + 1] == "true"
+
+
+def test_the_iterate_table_and_its_t_test():
+    iterate_tables = load("iterate_tables")
+    # t = 3 / (sqrt(2.5) / sqrt(5)) = 4.243 with 4 degrees of freedom: p = 0.0132 (Student's t table)
+    assert iterate_tables.t_test_p([1, 2, 3, 4, 5]) == pytest.approx(0.01324, abs=1e-4)
+    assert iterate_tables.t_test_p([0.33, 0.16, 0.46]) == pytest.approx(0.0677, abs=1e-3)  # t(2) = 3.78
+    assert iterate_tables.t_test_p([1.0]) is None and iterate_tables.t_test_p([2.0, 2.0]) is None
+
+    def result(gain: float) -> dict:
+        methods = {m: {"gain": gain, "gain_se": 0.1} for m in ("ppo", "iterated", "dpo", "online_dpo")}
+        return {"sft_gold": 1.0, **methods, "iterated_minus_ppo": {"mean": gain - 0.5, "se": 0.1}}
+
+    lines = iterate_tables.rows_of({"notes-0": result(1.0), "notes-1": result(2.0)})
+    assert lines[0] == "| task | policy | seed 0 | seed 1 | mean ± s.e. over seeds |"
+    assert "| | iterated PPO | +1.00 ± 0.10 | +2.00 ± 0.10 | +1.50 ± 0.50 |" in lines
+    assert lines[-1].startswith("| | iterated − plain PPO | +0.50 ± 0.10 | +1.50 ± 0.10 | +1.00 ± 0.50, t-test p = ")
+    assert lines[-1].endswith(", 2/2 > 0 |")
+    assert not any("RM updates at 2e-5" in line for line in lines)  # a method the runs did not have is left out

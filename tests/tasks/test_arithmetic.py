@@ -246,15 +246,18 @@ def test_prompt_rows_carry_right_answers():
 
 
 def test_write_task_data(tmp_path):
-    files = write_task_data(tmp_path / "a", seed=0, sizes={"sft": 40, "sft_eval": 10})
-    assert set(files) == {"sft", "sft_eval", "prompts_train", "prompts_eval", "corpus"}
+    sizes = {"sft": 40, "sft_eval": 10, "prefs_train": 30, "prefs_eval": 20}
+    files = write_task_data(tmp_path / "a", seed=0, sizes=sizes)
+    assert set(files) == {"sft", "sft_eval", "prefs_train", "prefs_eval", "prompts_train", "prompts_eval", "corpus"}
     fields = {
         "sft": {"prompt", "completion"},
         "sft_eval": {"prompt", "completion"},
+        "prefs_train": {"prompt", "chosen", "rejected"},
+        "prefs_eval": {"prompt", "chosen", "rejected"},
         "prompts_train": {"prompt", "answer"},
         "prompts_eval": {"prompt", "answer"},
     }
-    counts = {"sft": 40, "sft_eval": 10, "prompts_train": len(make_problems("train")), "prompts_eval": 52}
+    counts = {**sizes, "prompts_train": len(make_problems("train")), "prompts_eval": 52}
     for name, keys in fields.items():
         path = files[name]
         assert path.name == f"{name}.jsonl" and path.parent == tmp_path / "a"
@@ -265,8 +268,8 @@ def test_write_task_data(tmp_path):
     assert eval_rows == make_prompt_rows("eval")
     assert files["corpus"].read_text(encoding="utf-8") == corpus_text()
 
-    again = write_task_data(tmp_path / "b", seed=0, sizes={"sft": 40, "sft_eval": 10})
-    other = write_task_data(tmp_path / "c", seed=1, sizes={"sft": 40, "sft_eval": 10})
+    again = write_task_data(tmp_path / "b", seed=0, sizes=sizes)
+    other = write_task_data(tmp_path / "c", seed=1, sizes=sizes)
     assert all(files[k].read_bytes() == again[k].read_bytes() for k in files)
     assert files["sft"].read_bytes() != other["sft"].read_bytes()
     assert files["prompts_eval"].read_bytes() == other["prompts_eval"].read_bytes()  # the split is fixed

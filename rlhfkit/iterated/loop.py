@@ -506,6 +506,12 @@ class Iteration:
         _write_jsonl(data, offline + collected + trained)
         updated = clock("rm", lambda: self.update_reward_model(reward_model, data, round_dir / "rm", k))
         held_after = accuracy(updated, held)
+        if held:
+            print(
+                f"round {k}: the reward model's accuracy on {len(held)} held-out new pairs {held_before:.3f} before "
+                f"its update, {held_after:.3f} after",
+                flush=True,
+            )
         if len(held) >= MIN_HELDOUT_NOTE and it.rm_steps and held_after == held_before:
             rate, _, _ = self.rm_settings(reward_model)
             print(

@@ -63,6 +63,11 @@ class IterateArgs:
     """Share of each round's new labelled pairs that the round's reward-model update does not train on: its
     accuracy on them before and after the update shows whether the update generalised (they join the training
     pairs from the next round on)."""
+    rm_trust: float = 0.55
+    """When the reward model's accuracy on a round's new pairs, before its update, is under this (from round 2
+    on), the policy has outrun it (its replies are where the reward model no longer ranks them): the KL
+    coefficient doubles from that round's PPO on, the adaptive KL controller's answer at the scale of a round
+    (Ziegler et al. 2019). 0: never."""
     collapse_similar: float = 0.5
     """The policy has collapsed when at least this share of its pairs (its two replies to a prompt) are the same
     or nearly so, more than the starting policy's (0: never checked): the judge cannot tell such replies apart.
@@ -127,6 +132,8 @@ class IterateConfig(PPOConfig):
             rm_learning_rate=it.rm_learning_rate,
             rm_batch_size=it.rm_batch_size,
         )
+        if not 0 <= it.rm_trust <= 1:
+            raise UserError(f"{option('rm_trust')} must be in [0, 1], got {it.rm_trust}")
         if not 0 <= it.collapse_similar <= 1:
             raise UserError(f"{option('collapse_similar')} must be in [0, 1], got {it.collapse_similar}")
         if not 0 <= it.rm_holdout < 1:

@@ -351,10 +351,16 @@ class Iteration:
 
     # -- PPO ------------------------------------------------------------------------------------------------
 
-    def ppo_config(self, policy: str, reward_model: str, value_model: str, out: Path, round_k: int) -> PPOConfig:
+    def ppo_config(
+        self, policy: str, reward_model: str, value_model: str, out: Path, round_k: int, kl_coef: float | None = None
+    ) -> PPOConfig:
+        """One round's PPO: the run's PPO options, from ``policy`` against ``reward_model``, the KL coefficient
+        ``kl_coef`` (None: --kl-coef)."""
         c = self.cfg
         parts = {f.name: dataclasses.replace(getattr(c, f.name)) for f in dataclasses.fields(PPOConfig)}
         ppo = PPOConfig(**parts)
+        if kl_coef is not None:
+            ppo.kl.kl_coef = kl_coef
         ppo.model.model = policy
         ppo.reward.reward_model = reward_model
         if ppo.needs_critic:
@@ -410,6 +416,7 @@ class Iteration:
         first_rm, first_seconds = reward_model, self.first_rm_seconds()
         value_model = c.critic.value_model or reward_model  # the value model starts from the reward model
         healthy = policy  # the last policy that had not collapsed
+        kl_coef = c.kl.kl_coef  # doubled each round the policy outran the reward model (--rm-trust)
         offline = [_preference_row(ex) for ex in load_examples(it.prefs, "preference", COMMAND)] if it.prefs else []
         collected: list[dict] = []
         records: list[dict] = []
@@ -425,6 +432,7 @@ class Iteration:
                 if not record["collapsed"]:
                     healthy = record["sampled_from"][0]
                 reward_model, policy = record["reward_model"], str(run_dir)
+                kl_coef = record.get("kl_coef", kl_coef)
                 value_model = str(run_dir / VALUE_DIR) if (run_dir / VALUE_DIR).is_dir() else value_model
                 continue
             start = time.perf_counter()
@@ -448,8 +456,19 @@ class Iteration:
                     reward_model, prefs, offline, collected, round_dir, k, clock
                 )
                 record.update(measured)
+                accuracy = measured["rm_accuracy_new_pairs"]
+                # from round 2 on: round 1's pairs are the starting policy's, where a low accuracy means a weak
+                # reward model, not a policy that outran it
+                if k > 1 and it.rm_trust and accuracy is not None and accuracy < it.rm_trust and kl_coef > 0:
+                    kl_coef *= 2
+                    print(
+                        f"round {k}: the reward model ranked the policy's new pairs at {accuracy:.3f}, under "
+                        f"{option('rm_trust')} {it.rm_trust:g}: the policy outran it; KL coefficient now {kl_coef:g}",
+                        flush=True,
+                    )
                 # 5. PPO continued from the last policy and value model, against the new reward model
-                ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k)
+                ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k, kl_coef)
+                record["kl_coef"] = kl_coef
                 clock("ppo", lambda: _execute("ppo", ppo_cfg))
                 policy = str(run_dir)
                 if ppo_cfg.needs_critic:

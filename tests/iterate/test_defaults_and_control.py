@@ -155,3 +155,36 @@ def test_online_dpo_learns_from_the_judge(iterate_task, tmp_path):
     start = thanks_share([x for p in sample_pairs(t["sft"], prompts, gen, 64, 16, "cpu", 5) for x in p])
     final = thanks_share([x for p in sample_pairs(str(out / "final"), prompts, gen, 64, 16, "cpu", 5) for x in p])
     assert final > start + 0.2, (start, final)
+
+
+def test_a_policy_that_outruns_its_reward_model_gets_a_larger_kl_coefficient(
+    two_rounds, iterate_task, tmp_path, capsys
+):
+    # A judge that prefers the shorter reply, which the reward model (trained on 'thanks') does not rank perfectly:
+    # with --rm-trust 1 every round from round 2 on is under it and doubles the KL coefficient of its PPO.
+    t = iterate_task
+    judge = tmp_path / "contrary.py"
+    judge.write_text(
+        "def prefer(prompts, completions):\n    return [1 if len(a) >= len(b) else 0 for a, b in completions]\n"
+    )
+    out = tmp_path / "out"
+    flags = {**SMALL, "pairs_per_round": 16, "max_steps": 1, "rm_steps": 1, "rm_learning_rate": 1e-12}
+    rlhfkit.iterate(
+        model=t["sft"], reward_model=str(two_rounds / "round-0" / "rm"), data=t["prompts"], output_dir=str(out),
+        judge=f"{judge}:prefer", rounds=3, kl_coef=0.05, rm_trust=1.0, **flags,
+    )  # fmt: skip
+    rounds = json.loads((out / "summary.json").read_text())["rounds"]
+    assert all(r["rm_accuracy_new_pairs"] < 1.0 for r in rounds)
+    assert [r["kl_coef"] for r in rounds] == [0.05, 0.1, 0.2]  # round 1 never: its pairs are the SFT model's
+    assert [yaml.safe_load((out / f"round-{k}" / "ppo" / "config.yaml").read_text())["kl_coef"] for k in (1, 2, 3)] == [
+        0.05,
+        0.1,
+        0.2,
+    ]
+    assert capsys.readouterr().out.count("the policy outran it") == 2
+    off = tmp_path / "off"
+    rlhfkit.iterate(
+        model=t["sft"], reward_model=str(two_rounds / "round-0" / "rm"), data=t["prompts"], output_dir=str(off),
+        judge=f"{judge}:prefer", rounds=2, kl_coef=0.05, rm_trust=0.0, **flags,
+    )  # fmt: skip
+    assert [r["kl_coef"] for r in json.loads((off / "summary.json").read_text())["rounds"]] == [0.05, 0.05]

@@ -15,6 +15,7 @@ METHODS = {
     "ppo": "plain PPO",
     "iterated": "iterated PPO",
     "iterated_fixed_rm_lr": "iterated PPO, RM updates at 2e-5",
+    "iterated_rm_trust_off": "iterated PPO, --rm-trust 0",
     "dpo": "DPO",
     "online_dpo": "online DPO",
 }

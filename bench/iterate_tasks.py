@@ -9,7 +9,8 @@ Per task and seed, as a user would run the commands (a tiny Llama, everything no
     plain PPO:   ppo --reward-model RM300 --value-model RM300, 90 steps
     iterated:    iterate --reward-model RM150 --judge TASK --rounds 3 --pairs-per-round 50 --max-steps 30
                  (150 offline + 150 on-policy labels; its value model also starts from the reward model);
-                 again with --rm-learning-rate 2e-5 (a fixed rate, not the reward model's own)
+                 again with --rm-learning-rate 2e-5 (a fixed rate, not the reward model's own), and again
+                 with --rm-trust 0 (the KL coefficient never doubled)
     DPO:         dpo on the 300 offline pairs, 2 epochs
     online DPO:  iterate --algorithm dpo --prefs PREFS150 --judge TASK --rounds 3 --pairs-per-round 50
     every policy at --learning-rate 3e-4
@@ -45,7 +46,8 @@ from stamp import Stamp, summary
 BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "reported" / "iterate_tasks.json"
 RLHFKIT = [sys.executable, "-m", "rlhfkit"]
-METHODS = ("ppo", "iterated", "iterated_fixed_rm_lr", "dpo", "online_dpo")
+VARIANTS = {"iterated_fixed_rm_lr": ["--rm-learning-rate", "2e-5"], "iterated_rm_trust_off": ["--rm-trust", "0"]}
+METHODS = ("ppo", "iterated", *VARIANTS, "dpo", "online_dpo")
 OFFLINE_FIRST, LABELS = 150, 300
 POLICY_LR = "3e-4"
 SFT = "--max-steps 1000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine"
@@ -110,7 +112,7 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
     policies = {
         "ppo": d / "ppo",
         "iterated": d / "iterated" / "final",
-        "iterated_fixed_rm_lr": d / "iterated_fixed_rm_lr" / "final",
+        **{name: d / name / "final" for name in VARIANTS},
         "dpo": d / "dpo",
         "online_dpo": d / "online_dpo" / "final",
     }
@@ -120,10 +122,11 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
     stage(policies["iterated"] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
           "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30,
           "--output-dir", d / "iterated"], log, threads)  # fmt: skip
-    # the same with the reward model's updates at a fixed 2e-5 instead of its own rate: what carrying it over does
-    stage(policies["iterated_fixed_rm_lr"] / "model.safetensors", ["iterate", *common, "--reward-model",
-          rms[OFFLINE_FIRST], "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30,
-          "--rm-learning-rate", "2e-5", "--output-dir", d / "iterated_fixed_rm_lr"], log, threads)  # fmt: skip
+    # each change on its own: the reward model's updates at a fixed 2e-5 instead of its own rate; no KL response
+    for name, flags in VARIANTS.items():
+        stage(policies[name] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
+              "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30, *flags,
+              "--output-dir", d / name], log, threads)  # fmt: skip
     stage(policies["dpo"] / "model.safetensors", ["dpo", *common, "--data", prefs_all, "--num-epochs", 2,
           "--output-dir", d / "dpo"], log, threads)  # fmt: skip
     stage(policies["online_dpo"] / "model.safetensors", ["iterate", *common, "--algorithm", "dpo", "--prefs",
@@ -143,10 +146,10 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
             "gain": statistics.mean(diffs),
             "gain_se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
         }
-    for name in ("iterated", "iterated_fixed_rm_lr", "online_dpo"):
+    for name in ("iterated", *VARIANTS, "online_dpo"):
         rounds = json.loads((d / name / "summary.json").read_text())["rounds"]
         keys = ("round", "labels", "similar_pairs", "collapsed", "rm_accuracy_new_pairs", "rm_accuracy_heldout_before",
-                "rm_accuracy_heldout_after", "reward", "reward_std", "kl")  # fmt: skip
+                "rm_accuracy_heldout_after", "reward", "reward_std", "kl", "kl_coef")  # fmt: skip
         result[name]["rounds"] = [{k: r[k] for k in keys if k in r} for r in rounds]
     diffs = [a - b for a, b in zip(golds["iterated"], golds["ppo"])]
     result["iterated_minus_ppo"] = {

@@ -28,6 +28,7 @@ from pathlib import Path
 from demo_tables import demo_rounds, demo_seeds
 from engine_tables import vllm_engine
 from iterate_tables import iterate_tasks
+from judge_tables import judge
 from table_parts import (
     AVX2,
     AVX512,
@@ -51,6 +52,7 @@ DOCS = [
     ROOT / "docs" / "demo.md",
     ROOT / "docs" / "generation.md",
     ROOT / "docs" / "iterated.md",
+    ROOT / "docs" / "judge.md",
 ]
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
@@ -487,6 +489,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_rounds": demo_rounds,
     "vllm_engine": vllm_engine,
     "iterate_tasks": iterate_tasks,
+    "judge": judge,
 }
 
 

@@ -21,6 +21,7 @@ from rlhfkit.errors import UserError, option
 from rlhfkit.judging.agreement import judge_summary
 from rlhfkit.judging.model import ModelJudge
 from rlhfkit.judging.prompts import read_principles
+from rlhfkit.models.loading import check_model_dir
 from rlhfkit.userfiles import load_object, split_spec
 
 ANSWERS = (0, 1, -1)
@@ -79,6 +80,7 @@ def load_judge(spec, seed: int = 0, principles: str = "") -> Judge:
     for prefix in (MODEL, HUMAN_AND_MODEL):
         if isinstance(spec, str) and spec.startswith(prefix):
             path = spec[len(prefix) :]
+            check_model_dir(path, "judge model")  # before the first round trains anything
             return Judge(ModelJudge(path, read_principles(principles), seed=seed), spec)
     if isinstance(spec, str) and spec in rater_tasks():
         return Judge(get_task(spec).raters(seed), spec)

@@ -34,6 +34,11 @@ from rlhfkit.models.loading import load_causal_lm, load_tokenizer, model_folder,
 from rlhfkit.models.unwrap import base_model
 from rlhfkit.training.runtime import pick_device
 
+try:  # chat templates are rendered with jinja2; a template may refuse a system turn
+    from jinja2 import TemplateError
+except ImportError:  # without jinja2 no chat template renders at all
+    TemplateError = ValueError
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -112,7 +117,7 @@ def encode_pairs(
 def _prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     try:
         return prompt_token_ids(tokenizer, messages)
-    except Exception:  # a chat template without a system turn: the principles go into the user's message
+    except TemplateError:  # a chat template without a system turn: the principles go into the user's message
         merged = [{"role": "user", "content": messages[0]["content"] + "\n\n" + messages[1]["content"]}]
         return prompt_token_ids(tokenizer, merged)
 
@@ -142,6 +147,11 @@ def first_label_probabilities(
     return out
 
 
+def _logsumexp(xs: list[float]) -> float:
+    top = max(xs)
+    return top + math.log(sum(math.exp(x - top) for x in xs))
+
+
 def vllm_first_label_probabilities(
     folder: str, prompts_ids: list[list[int]], labels: tuple[list[int], list[int]], seed: int
 ) -> list[float]:
@@ -162,9 +172,8 @@ def vllm_first_label_probabilities(
         logprobs = [
             outputs[i * len(tokens) + j].prompt_logprobs[-1][t].logprob for j, t in enumerate(tokens)
         ]  # fmt: skip
-        a = math.log(sum(math.exp(x) for x in logprobs[: len(labels[0])]))
-        b = math.log(sum(math.exp(x) for x in logprobs[len(labels[0]) :]))
-        probs.append(1.0 / (1.0 + math.exp(b - a)))
+        margin = _logsumexp(logprobs[: len(labels[0])]) - _logsumexp(logprobs[len(labels[0]) :])
+        probs.append(1.0 / (1.0 + math.exp(-margin)) if margin > -700 else 0.0)
     del llm
     return probs
 

@@ -143,6 +143,7 @@ def test_people_label_a_share_the_model_the_rest_and_their_agreement_is_recorded
         ({"judge": "model:"}, "judge='model:': give the judge model's folder or .gguf file after it"),
         ({"judge": "human+model:m", "human_share": 0.0}, "human_share must be in (0, 1], got 0.0"),
         ({"judge": "model:m", "judge_principles": "missing.txt"}, "missing.txt: judge_principles file does not exist"),
+        ({"judge": "model:no-such-judge"}, "no-such-judge: judge model directory does not exist"),
     ],
 )
 def test_the_judge_options_are_checked(iterate_task, tmp_path, options, message):  # noqa: F811

@@ -39,93 +39,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 import time
 from pathlib import Path
 
-from rlhfkit.config.commands import DPOArgs, DPOConfig, RMConfig
 from rlhfkit.config.iterate import HUMAN, IterateConfig, needs_people
 from rlhfkit.config.online import PPOConfig
-from rlhfkit.config.parse import load_yaml, save_config
-from rlhfkit.config.parts import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from rlhfkit.config.parse import save_config
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share
 from rlhfkit.iterated.judges import judge_record, load_judge
 from rlhfkit.iterated.mixed import mixed_labels
-from rlhfkit.iterated.models import VALUE_DIR, copy_model, pair_accuracy, sample_replies, save_value_model
-from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
+from rlhfkit.iterated.models import VALUE_DIR, copy_model, sample_replies, save_value_model
+from rlhfkit.iterated.online_dpo import OnlineDPO
+from rlhfkit.iterated.reward_models import RewardModels
+from rlhfkit.iterated.runs import (
+    COMMAND,
+    ROUND_FILE,
+    execute,
+    last_mean,
+    metrics_rows,
+    read_jsonl,
+    write_json,
+    write_jsonl,
+)
 from rlhfkit.training.runtime import pick_device
-
-ROUND_FILE = "round.json"
-MIN_HELDOUT_NOTE = 8  # held-out pairs from which an unmoved accuracy is worth a line (on fewer it is often chance)
-COMMAND = "rlhfkit iterate"
-
-
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def usable(row: dict) -> bool:
     """Whether a candidate pair can be judged and trained on: two different, non-empty replies."""
     a, b = row["responses"]
     return a != b and bool(a.strip()) and bool(b.strip())
-
-
-def rm_finished(path: Path, members: int = 1) -> bool:
-    """Whether ``path`` holds a finished reward model of ``members`` members (a model's statistics are written
-    last, and an ensemble's list after all its members)."""
-    return (path / (ENSEMBLE_FILE if members > 1 else STATS_FILE)).is_file()
-
-
-def _members(rm_dir: Path) -> list[str]:
-    """The member folders of a reward model relative to it ("." for a single model)."""
-    path = rm_dir / ENSEMBLE_FILE
-    if not path.is_file():
-        return ["."]
-    info = json.loads(path.read_text(encoding="utf-8"))
-    return list(info.get("members", ["."]))
-
-
-def trained_options(model_dir: Path) -> dict:
-    """The options a model was trained with: the config.yaml its command saved beside it ({} when none)."""
-    path = model_dir / "config.yaml"
-    return load_yaml(str(path)) if path.is_file() else {}
-
-
-def split_heldout(prefs: list[dict], share: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """``prefs`` split at random (seeded) into (trained on, held out), ``share`` of them held out (at least one
-    when ``share`` > 0 and there are two pairs or more), each part in its original order."""
-    n = round(share * len(prefs))
-    n = max(1, n) if share > 0 and len(prefs) >= 2 else 0
-    order = list(range(len(prefs)))
-    random.Random(seed).shuffle(order)
-    held = set(order[:n])
-    return [p for i, p in enumerate(prefs) if i not in held], [p for i, p in enumerate(prefs) if i in held]
-
-
-def _metrics_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return _read_jsonl(path) if path.is_file() else []
-
-
-def _last_mean(rows: list[dict], key: str, k: int = 5) -> float | None:
-    """The mean of ``key`` over the last ``k`` logged steps that have it (None if none)."""
-    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-    return sum(values[-k:]) / len(values[-k:]) if values else None
 
 
 class _Phases:
@@ -150,101 +95,14 @@ class Iteration:
         self.sft = cfg.model.model
         self.device = pick_device(cfg.run.cpu)
         self.trust = cfg.model.trust_remote_code
+        self.reward_models = RewardModels(cfg, self.out, self.device)
+        self.dpo = OnlineDPO(cfg, self.out, self.device)
 
-    # -- the reward model -----------------------------------------------------------------------------------
-
-    def rm_settings(self, start: str | None) -> tuple[float, int, LoraArgs]:
-        """The learning rate, batch size and LoRA settings of a reward model's training from ``start`` (a reward
-        model's folder, or None for the first one from --model): --rm-learning-rate / --rm-batch-size when given,
-        else what ``start`` was trained with (its config.yaml), else `rlhfkit rm`'s defaults. A model trained at
-        1e-3 and continued at 2e-5 would not move."""
-        saved = trained_options(Path(start)) if start else {}
-        it, default = self.cfg.iterate, RMConfig().optim
-        rate = it.rm_learning_rate or saved.get("learning_rate") or default.learning_rate
-        batch = it.rm_batch_size or saved.get("batch_size") or default.batch_size
-        lora = LoraArgs(**{f.name: saved[f.name] for f in dataclasses.fields(LoraArgs) if f.name in saved})
-        return float(rate), int(batch), dataclasses.replace(lora, save_merged=True)  # the next round loads it whole
-
-    def _rm_config(
-        self, model: str, data: str, out: Path, steps: int, seed: int, start: str | None, ensemble: int = 1
-    ) -> RMConfig:
-        c = self.cfg
-        rate, batch, lora = self.rm_settings(start)
-        return RMConfig(
-            model=ModelArgs(model=model, trust_remote_code=self.trust),
-            lora=lora,
-            data=DataArgs(data=data, max_length=c.data.max_length, max_prompt_length=c.data.max_prompt_length),
-            reward=dataclasses.replace(c.rm_reward, ensemble=ensemble),
-            optim=OptimArgs(
-                learning_rate=rate,
-                batch_size=batch,
-                max_steps=steps,
-                max_grad_norm=c.optim.max_grad_norm,
-            ),
-            packing=dataclasses.replace(c.packing),
-            run=self._run_args(out, seed),
-        )
-
-    def _run_args(self, out: Path, seed: int) -> RunArgs:
-        c = self.cfg
-        return RunArgs(
-            output_dir=str(out),
-            overwrite_output_dir=True,  # what a stopped run left of this unfinished model is replaced
-            seed=seed,
-            logging_steps=c.run.logging_steps,
-            mixed_precision=c.run.mixed_precision,
-            cpu=c.run.cpu,
-            progress=c.run.progress,
-        )
-
-    def first_reward_model(self) -> str:
-        """--reward-model, or one trained on --prefs from --model into OUT/round-0/rm."""
-        if self.cfg.reward.reward_model:
-            return self.cfg.reward.reward_model
-        out = self.out / "round-0" / "rm"
-        if not rm_finished(out, self.cfg.rm_reward.ensemble):
-            it = self.cfg.iterate
-            steps = it.rm_initial_steps or it.rm_steps
-            if steps == 0:
-                raise UserError(
-                    f"{option('rm_steps')} or {option('rm_initial_steps')} must be > 0 to train on {option('prefs')}"
-                )
-            rm_cfg = self._rm_config(
-                self.sft, it.prefs, out, steps, self.cfg.run.seed, None, self.cfg.rm_reward.ensemble
-            )
-            rm_cfg.check()
-            start = time.perf_counter()
-            _execute("rm", rm_cfg)
-            _write_json(self.out / "round-0" / ROUND_FILE, {"seconds": round(time.perf_counter() - start, 1)})
-        return str(out)
-
-    def first_rm_seconds(self) -> float:
-        """How long training the first reward model took (0 with --reward-model; recorded once, so a resumed
-        run's totals still count it)."""
+    def first_seconds(self) -> float:
+        """How long the first stage took (the first reward model, or with dpo the first DPO; 0 with
+        --reward-model; recorded once, so a resumed run's totals still count it)."""
         path = self.out / "round-0" / ROUND_FILE
         return json.loads(path.read_text(encoding="utf-8"))["seconds"] if path.is_file() else 0.0
-
-    def update_reward_model(self, previous: str, data: Path, out: Path, round_k: int) -> str:
-        """``previous`` (each member from its own weights) trained --rm-steps more on ``data`` into ``out``."""
-        from rlhfkit.trainers import rm
-
-        steps = self.cfg.iterate.rm_steps
-        if steps == 0:
-            return previous
-        members = _members(Path(previous))
-        if rm_finished(out, len(members)):
-            return str(out)
-        examples = load_examples(str(data), "preference", COMMAND)
-        for i, member in enumerate(members):
-            seed = self.cfg.run.seed + 1000 * round_k + i
-            member_cfg = self._rm_config(str(Path(previous) / member), str(data), out / member, steps, seed, previous)
-            member_cfg.check()
-            rm.train_one(member_cfg, examples, [])
-        if len(members) > 1:
-            root_cfg = self._rm_config(str(Path(previous)), str(data), out, steps, self.cfg.run.seed, previous)
-            root_cfg.reward.ensemble = len(members)
-            rm.write_ensemble(root_cfg, [out / m for m in members], examples, [])
-        return str(out)
 
     # -- the pairs ------------------------------------------------------------------------------------------
 
@@ -258,7 +116,7 @@ class Iteration:
         back."""
         path, record_path = round_dir / "candidates.jsonl", round_dir / "sampling.json"
         if path.is_file() and record_path.is_file():
-            return _read_jsonl(path), json.loads(record_path.read_text(encoding="utf-8"))
+            return read_jsonl(path), json.loads(record_path.read_text(encoding="utf-8"))
         n = self.cfg.iterate.pairs_per_round
         order = list(range(len(examples)))
         random.Random(self.cfg.run.seed).shuffle(order)
@@ -289,8 +147,8 @@ class Iteration:
             for ex, (a, b) in zip(picked, pairs)
         ]
         round_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(record_path, record)
-        _write_jsonl(path, rows)
+        write_json(record_path, record)
+        write_jsonl(path, rows)
         return rows, record
 
     def _replies(self, policy: str, prompts: list, round_k: int, per_prompt: int) -> list[tuple[str, ...]]:
@@ -312,7 +170,7 @@ class Iteration:
         from people on the page; read back when the round was labelled before a restart."""
         path, counts_path = round_dir / "pairs.jsonl", round_dir / "labels.json"
         if path.is_file():
-            return _read_jsonl(path), json.loads(counts_path.read_text(encoding="utf-8"))
+            return read_jsonl(path), json.loads(counts_path.read_text(encoding="utf-8"))
         if human is not None and judge != HUMAN:  # people label a share, a model judge the rest
             it, distinct = self.cfg.iterate, [r for r in rows if usable(r)]
             prefs, counts = mixed_labels(
@@ -322,14 +180,14 @@ class Iteration:
         elif human is not None:
             to_label = round_dir / "to_label.jsonl"
             if not to_label.is_file():
-                _write_jsonl(to_label, [r for r in rows if usable(r)])
+                write_jsonl(to_label, [r for r in rows if usable(r)])
             prefs = human.label(round_dir, to_label, self.cfg.iterate.min_labels)
             counts = {"pairs": len(rows), "unusable": sum(not usable(r) for r in rows)}
         else:
             prefs, counts = self.judge_pairs(judge, rows)
             counts.update(judge_record(judge))  # a model judge's ties, order consistency and confidence
-        _write_json(counts_path, counts)
-        _write_jsonl(path, prefs)  # last: its presence means the round is labelled
+        write_json(counts_path, counts)
+        write_jsonl(path, prefs)  # last: its presence means the round is labelled
         return prefs, counts
 
     def judge_pairs(self, judge, rows: list[dict]) -> tuple[list[dict], dict]:
@@ -411,9 +269,9 @@ class Iteration:
     def _rounds(self, examples: list, judge, human) -> dict:
         c, it = self.cfg, self.cfg.iterate
         dpo = it.algorithm == "dpo"
-        reward_model = None if dpo else self.first_reward_model()
-        policy = self.first_dpo_policy() if dpo else self.sft
-        first_rm, first_seconds = reward_model, self.first_rm_seconds()
+        reward_model = None if dpo else self.reward_models.first()
+        policy = self.dpo.first() if dpo else self.sft
+        first_rm, first_seconds = reward_model, self.first_seconds()
         value_model = c.critic.value_model or reward_model  # the value model starts from the reward model
         healthy = policy  # the last policy that had not collapsed
         kl_coef = c.kl.kl_coef  # doubled each round the policy outran the reward model (--rm-trust)
@@ -427,10 +285,10 @@ class Iteration:
             baseline = records[0]["similar_pairs"] if records else None
             if done.is_file():
                 record = json.loads(done.read_text(encoding="utf-8"))
-                collected += _read_jsonl(round_dir / "pairs.jsonl")
+                collected += read_jsonl(round_dir / "pairs.jsonl")
                 records.append(record)
-                if not record["collapsed"]:
-                    healthy = record["sampled_from"][0]
+                if not record.get("collapsed"):  # (a record of an earlier version has no collapse watch)
+                    healthy = record.get("sampled_from", [healthy])[0]
                 reward_model, policy = record["reward_model"], str(run_dir)
                 kl_coef = record.get("kl_coef", kl_coef)
                 value_model = str(run_dir / VALUE_DIR) if (run_dir / VALUE_DIR).is_dir() else value_model
@@ -446,13 +304,13 @@ class Iteration:
             record = {"round": k, "labels": len(prefs), **counts, **sampling}
             if dpo:
                 # 3-5. DPO continued from the policy on the round's pairs, the reference staying --model
-                dpo_cfg = self.dpo_config(policy, round_dir / "pairs.jsonl", len(prefs), run_dir, k)
+                dpo_cfg = self.dpo.config(policy, round_dir / "pairs.jsonl", len(prefs), run_dir, k)
                 if dpo_cfg is not None:
-                    clock("dpo", lambda: _execute("dpo", dpo_cfg))
+                    clock("dpo", lambda: execute("dpo", dpo_cfg))
                     policy = str(run_dir)
-                record.update(self._dpo_record(run_dir, dpo_cfg))
+                record.update(self.dpo.record(run_dir, dpo_cfg))
             else:
-                reward_model, measured = self._reward_model_round(
+                reward_model, measured = self.reward_models.round(
                     reward_model, prefs, offline, collected, round_dir, k, clock
                 )
                 record.update(measured)
@@ -469,18 +327,18 @@ class Iteration:
                 # 5. PPO continued from the last policy and value model, against the new reward model
                 ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k, kl_coef)
                 record["kl_coef"] = kl_coef
-                clock("ppo", lambda: _execute("ppo", ppo_cfg))
+                clock("ppo", lambda: execute("ppo", ppo_cfg))
                 policy = str(run_dir)
                 if ppo_cfg.needs_critic:
                     value_model = str(clock("ppo", lambda: save_value_model(run_dir, value_model, self.trust, c.lora)))
-                metrics = _metrics_rows(run_dir)
+                metrics = metrics_rows(run_dir)
                 record.update(
                     rm_steps=it.rm_steps,
                     ppo_steps=c.optim.max_steps,
-                    reward=_last_mean(metrics, "reward/score"),
-                    reward_std=_last_mean(metrics, "reward/score_std"),
-                    kl=_last_mean(metrics, "kl/ref"),
-                    gold=_last_mean(metrics, "reward/gold", 1),
+                    reward=last_mean(metrics, "reward/score"),
+                    reward_std=last_mean(metrics, "reward/score_std"),
+                    kl=last_mean(metrics, "kl/ref"),
+                    gold=last_mean(metrics, "reward/gold", 1),
                 )
             collected += prefs
             record.update(
@@ -489,114 +347,14 @@ class Iteration:
                 reward_model=reward_model,
                 policy=policy,
             )
-            _write_json(done, record)
+            write_json(done, record)
             records.append(record)
-            _write_json(self.out / "summary.json", _summary(records, first_rm, first_seconds))
+            write_json(self.out / "summary.json", _summary(records, first_rm, first_seconds))
         copy_model(Path(policy), self.out / "final")
         summary = _summary(records, first_rm, first_seconds)
-        _write_json(self.out / "summary.json", summary)
+        write_json(self.out / "summary.json", summary)
         print(f"final policy saved to {(self.out / 'final').resolve()}", flush=True)
         return summary
-
-    def _reward_model_round(
-        self,
-        reward_model: str,
-        prefs: list[dict],
-        offline: list[dict],
-        collected: list[dict],
-        round_dir: Path,
-        k: int,
-        clock,
-    ) -> tuple[str, dict]:
-        """Steps 3-4 of a PPO round: the reward model's accuracy on the round's new pairs, then its update on every
-        pair so far but the round's held-out share, and its accuracy on that share before and after."""
-        c, it = self.cfg, self.cfg.iterate
-        pack = c.packing.pack_sequences
-
-        def accuracy(model: str, rows: list[dict]) -> float | None:
-            return clock("rm_accuracy", lambda: pair_accuracy(model, rows, self.device, self.trust, pack))
-
-        trained, held = split_heldout(prefs, it.rm_holdout, c.run.seed + k)
-        _write_jsonl(round_dir / "heldout.jsonl", held)
-        before, held_before = accuracy(reward_model, prefs), accuracy(reward_model, held)
-        shown = "-" if before is None else f"{before:.3f}"
-        print(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}", flush=True)
-        data = round_dir / "rm_data.jsonl"
-        _write_jsonl(data, offline + collected + trained)
-        updated = clock("rm", lambda: self.update_reward_model(reward_model, data, round_dir / "rm", k))
-        held_after = accuracy(updated, held)
-        if held:
-            print(
-                f"round {k}: the reward model's accuracy on {len(held)} held-out new pairs {held_before:.3f} before "
-                f"its update, {held_after:.3f} after",
-                flush=True,
-            )
-        if len(held) >= MIN_HELDOUT_NOTE and it.rm_steps and held_after == held_before:
-            rate, _, _ = self.rm_settings(reward_model)
-            print(
-                f"round {k}: the reward model's update left its accuracy on the {len(held)} held-out pairs at "
-                f"{held_before:.3f}: its learning rate ({rate:g}, {option('rm_learning_rate')}) or "
-                f"{option('rm_steps')} ({it.rm_steps}) may be too small to move it",
-                flush=True,
-            )
-        return updated, {
-            "rm_accuracy_new_pairs": before,
-            "heldout_pairs": len(held),
-            "rm_accuracy_heldout_before": held_before,
-            "rm_accuracy_heldout_after": held_after,
-            "rm_pairs": len(offline) + len(collected) + len(trained),
-        }
-
-    # -- online DPO -----------------------------------------------------------------------------------------
-
-    def dpo_config(self, policy: str, data: Path, pairs: int, out: Path, round_k: int) -> DPOConfig | None:
-        """DPO from ``policy`` on the ``pairs`` rows of ``data`` for --dpo-epochs passes at --learning-rate, the
-        reference --model (None when there are no pairs to learn from)."""
-        c, it = self.cfg, self.cfg.iterate
-        if pairs == 0:
-            return None
-        batch = min(DPOConfig().optim.batch_size, pairs)
-        steps = max(1, math.ceil(it.dpo_epochs * pairs / batch))
-        cfg = DPOConfig(
-            model=ModelArgs(model=policy, trust_remote_code=self.trust),
-            lora=dataclasses.replace(c.lora),
-            data=DataArgs(data=str(data), max_length=c.data.max_length, max_prompt_length=c.data.max_prompt_length),
-            dpo=DPOArgs(beta=it.dpo_beta, ref_model=self.sft if policy != self.sft else ""),
-            optim=OptimArgs(
-                learning_rate=c.optim.learning_rate,
-                batch_size=batch,
-                max_steps=steps,
-                max_grad_norm=c.optim.max_grad_norm,
-            ),
-            packing=dataclasses.replace(c.packing),
-            run=self._run_args(out, c.run.seed + round_k),
-        )
-        cfg.check()
-        return cfg
-
-    def first_dpo_policy(self) -> str:
-        """With --prefs: DPO on them from --model into OUT/round-0/dpo (the counterpart of PPO's first reward
-        model, so both see the same labels); else --model."""
-        it = self.cfg.iterate
-        if not it.prefs:
-            return self.sft
-        out = self.out / "round-0" / "dpo"
-        if not (self.out / "round-0" / ROUND_FILE).is_file():
-            rows = load_examples(it.prefs, "preference", COMMAND)
-            cfg = self.dpo_config(self.sft, Path(it.prefs), len(rows), out, 0)
-            start = time.perf_counter()
-            _execute("dpo", cfg)
-            _write_json(self.out / "round-0" / ROUND_FILE, {"seconds": round(time.perf_counter() - start, 1)})
-        return str(out)
-
-    @staticmethod
-    def _dpo_record(run_dir: Path, cfg: DPOConfig | None) -> dict:
-        metrics = _metrics_rows(run_dir) if cfg is not None else []
-        return {
-            "dpo_steps": cfg.optim.max_steps if cfg is not None else 0,
-            "dpo_loss": _last_mean(metrics, "loss"),
-            "dpo_accuracy": _last_mean(metrics, "rewards/accuracy"),
-        }
 
 
 def _preference_row(ex) -> dict:
@@ -627,12 +385,6 @@ def _summary(records: list[dict], first_rm: str | None, first_seconds: float) ->
             if "heldout_pairs" in r
         ],
     }
-
-
-def _execute(command: str, config) -> dict:
-    from rlhfkit.cli.main import execute
-
-    return execute(command, config)
 
 
 def run(cfg: IterateConfig) -> dict:

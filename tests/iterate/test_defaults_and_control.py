@@ -16,7 +16,7 @@ import rlhfkit
 from rlhfkit.config.iterate import IterateArgs
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share, similarity
-from rlhfkit.iterated.loop import split_heldout
+from rlhfkit.iterated.reward_models import split_heldout
 from rlhfkit.iterated.models import sample_pairs
 from tests.helpers import read_jsonl
 

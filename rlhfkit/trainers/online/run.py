@@ -19,6 +19,7 @@ from rlhfkit.models.reward import RewardScorer
 from rlhfkit.models.sampling import stop_token_ids
 from rlhfkit.models.vllm_engine import VLLMEngine, require_vllm
 from rlhfkit.multiturn.rollout import MultiTurn
+from rlhfkit.trainers.online.engine_check import EngineCheck
 from rlhfkit.trainers.online.evaluation import HeldOutEvaluator
 from rlhfkit.trainers.online.monitor import HackingMonitor
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
@@ -166,6 +167,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         trainer.load_state_dict(resumed, stream)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
     monitor = HackingMonitor(session.logger)
+    engine_check = EngineCheck(session.logger, G) if engine is not None else None
     held_out = None
     if eval_examples:
         eval_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in eval_examples]
@@ -191,6 +193,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         if rollout is not None:
             texts = tokenizer.batch_decode(rollout.response_ids, skip_special_tokens=True)
             metrics.update(monitor.observe(step, texts, metrics["reward/score"], metrics.get("reward/gold")))
+        if engine_check is not None:
+            engine_check.observe(step, rollout, metrics)
         if session.log_due(step, cfg.run, metrics):
             session.logger.log(step, metrics)
         if rollout is not None and (step % cfg.monitor.sample_steps == 0 or step == steps):

@@ -1,13 +1,13 @@
 """Does GRPO learn as much with rollouts from a colocated vLLM engine (--use-vllm) as with rlhfkit's own sampler?
 SmolLM2-135M-Instruct (fp32), a reward that a program checks, several seeds per row:
 
-    .venv-vllm/bin/python bench/vllm_learning.py [--steps 16] [--seeds 0,1,2] [--rows own,vllm,own-lora,vllm-lora]
+    .venv-vllm/bin/python bench/vllm_learning.py [--steps 12] [--seeds 0,1,2] [--rows own,vllm,vllm-lora,own-lora]
 
 The task: chat prompts (short arithmetic questions that ask for the number alone, and a few one-word questions);
 the reward ``brief``: 1 for a reply of at most three words, else 0. The instruct model answers briefly about
 one time in 25 at the start, so the first steps see few rewarded replies, and when the first ones come decides
 much of a run: one seed's curve says little, several seeds' say more. GRPO with 4 completions of up to 24 tokens
-for each of 4 prompts per step, no KL term; full fine-tuning at 2e-5, LoRA (r 16) at 2e-4. Each run is one
+for each of 4 prompts per step, no KL term; full fine-tuning at 2e-5, LoRA (r 16) at 2e-4, one torch thread per run. Each run is one
 `rlhfkit grpo` in its own process; its per-step reward, engine / trainer log-prob gap and groups whose replies
 all scored the same are kept. The runs, with their stamp (bench/stamp.py), are merged into --out under the
 machine and commit (bench/results_file.py); docs/generation.md's table reads them (bench/engine_tables.py).
@@ -27,7 +27,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 
-COMMON = "--num-generations 4 --batch-size 16 --max-new-tokens 24 --kl-coef 0 --max-prompt-length 128 --progress false"
+COMMON = "--num-generations 4 --batch-size 16 --max-new-tokens 24 --kl-coef 0 --max-prompt-length 128 --threads 1 "
+    "--progress false"
 ROWS = {
     "own": "--learning-rate 2e-5",
     "vllm": "--learning-rate 2e-5 --use-vllm",
@@ -69,7 +70,7 @@ def run_one(row: str, seed: int, model: Path, data: Path, steps: int, work: Path
     }
 
 
-DEFAULTS = {"steps": 16, "seeds": "0,1,2", "rows": ",".join(ROWS)}
+DEFAULTS = {"steps": 12, "seeds": "0,1,2", "rows": "own,vllm,vllm-lora,own-lora"}
 
 
 def main() -> None:
@@ -95,10 +96,11 @@ def main() -> None:
             results.append(run_one(row, seed, model, data, args.steps, work))
             r = results[-1]
             print(f"{row:9s} seed {seed}: " + " ".join(f"{x:.2f}" for x in r["reward"]), flush=True)
-    record = stamp.record()
-    key = results_file.run_key(record["commit"], vars(args), DEFAULTS)
-    run = {"stamp": record, "args": vars(args), "settings": {"common": COMMON, **ROWS}, "results": results}
-    results_file.merge(Path(args.out), "vllm_learning", results_file.machine_key(record), key, run)
+            # written after every run, so that an interrupted sweep keeps the runs it finished
+            record = stamp.record()
+            key = results_file.run_key(record["commit"], vars(args), DEFAULTS)
+            run = {"stamp": record, "args": vars(args), "settings": {"common": COMMON, **ROWS}, "results": results}
+            results_file.merge(Path(args.out), "vllm_learning", results_file.machine_key(record), key, run)
     print(summary(record))
 
 

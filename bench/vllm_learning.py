@@ -27,8 +27,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 
-COMMON = "--num-generations 4 --batch-size 16 --max-new-tokens 24 --kl-coef 0 --max-prompt-length 128 --threads 1 "
+COMMON = (
+    "--num-generations 4 --batch-size 16 --max-new-tokens 24 --kl-coef 0 --max-prompt-length 128 --threads 1 "
     "--progress false"
+)
 ROWS = {
     "own": "--learning-rate 2e-5",
     "vllm": "--learning-rate 2e-5 --use-vllm",

@@ -52,6 +52,7 @@ def test_every_run_is_filed_under_its_stamp():
         "accel_ab.json",
         "demo.json",
         "grpo_vs_trl.json",
+        "iterate_tasks.json",
         "judge.json",
         "loss_aggregation.json",
         "ppo_vs_trl.json",

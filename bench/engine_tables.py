@@ -3,6 +3,8 @@ bench/reported/vllm_engine.json). Standard library only."""
 
 from __future__ import annotations
 
+import statistics
+
 from table_parts import AVX2, Run, sources, table
 
 # The run the table shows (machine key, run key).
@@ -29,3 +31,40 @@ def vllm_engine(where: tuple[str, str] = VLLM_RUN) -> list[str]:
         )
     header = ["command", "sampler", "sampling s", "weight sync s", "step s", "engine / trainer log-prob gap"]
     return [*table(header, rows), "", sources(run)]
+
+
+# The learning comparison's runs the table shows (machine key, run keys): seeds swept in one or more runs.
+LEARNING_RUNS = (
+    "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores",
+    ["d6073a541a14-dirty", "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm"],
+)
+LEARNING_ROWS = {
+    "own": ("own", "full"),
+    "vllm": ("vLLM", "full"),
+    "own-lora": ("own", "LoRA"),
+    "vllm-lora": ("vLLM", "LoRA"),
+}
+
+
+def vllm_learning(where: tuple[str, list[str]] = LEARNING_RUNS) -> list[str]:
+    """GRPO's reward per step with each sampler (bench/vllm_learning.py): every seed's curve, then per row the
+    mean over seeds of each step and of the last quarter of the steps (± its standard error over seeds)."""
+    machine, keys = where
+    runs = [Run("vllm_learning", machine, key) for key in keys]
+    results = [r for run in runs for r in run["results"]]
+    steps = len(results[0]["reward"])
+    tail = max(1, steps // 4)
+    joined = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    rows = []
+    for name, (sampler, tuning) in LEARNING_ROWS.items():
+        curves = sorted((r for r in results if r["row"] == name), key=lambda r: r["seed"])
+        if not curves:
+            continue
+        for r in curves:
+            rows.append([sampler, tuning, r["seed"], joined(r["reward"]), f"{sum(r['reward'][-tail:]) / tail:.2f}"])
+        means = [sum(c["reward"][i] for c in curves) / len(curves) for i in range(steps)]
+        tails = [sum(c["reward"][-tail:]) / tail for c in curves]
+        spread = f" ± {statistics.stdev(tails) / len(tails) ** 0.5:.2f}" if len(tails) > 1 else ""
+        rows.append([sampler, tuning, "mean", joined(means), f"**{sum(tails) / len(tails):.2f}**{spread}"])
+    header = ["sampler", "fine-tuning", "seed", f"reward, steps 1-{steps}", f"mean of steps {steps - tail + 1}-{steps}"]
+    return [*table(header, rows), "", sources(*runs)]

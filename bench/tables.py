@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from demo_tables import demo_rounds, demo_seeds
-from engine_tables import vllm_engine
+from engine_tables import vllm_engine, vllm_learning
 from iterate_tables import iterate_tasks
 from judge_tables import judge
 from table_parts import (
@@ -488,6 +488,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_seeds": demo_seeds,
     "demo_rounds": demo_rounds,
     "vllm_engine": vllm_engine,
+    "vllm_learning": vllm_learning,
     "iterate_tasks": iterate_tasks,
     "judge": judge,
 }

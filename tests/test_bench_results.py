@@ -60,6 +60,7 @@ def test_every_run_is_filed_under_its_stamp():
         "real_model.json",
         "real_model_gpu.json",
         "vllm_engine.json",
+        "vllm_learning.json",
     ]
     for f in files:
         data = json.loads(f.read_text())

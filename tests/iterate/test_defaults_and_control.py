@@ -16,8 +16,8 @@ import rlhfkit
 from rlhfkit.config.iterate import IterateArgs
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share, similarity
-from rlhfkit.iterated.reward_models import split_heldout
 from rlhfkit.iterated.models import sample_pairs
+from rlhfkit.iterated.reward_models import split_heldout
 from tests.helpers import read_jsonl
 
 from .conftest import SMALL, thanks_share

@@ -36,7 +36,11 @@ def vllm_engine(where: tuple[str, str] = VLLM_RUN) -> list[str]:
 # The learning comparison's runs the table shows (machine key, run keys): seeds swept in one or more runs.
 LEARNING_RUNS = (
     "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores",
-    ["d6073a541a14-dirty", "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm"],
+    [
+        "d6073a541a14-dirty",
+        "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm",
+        "ac391f8b35bf --seeds 3,4,5 --rows own-lora,vllm-lora",
+    ],
 )
 LEARNING_ROWS = {
     "own": ("own", "full"),

@@ -40,7 +40,8 @@ class IterateArgs:
     algorithm: Literal["ppo", "dpo"] = "ppo"
     """How the policy learns from each round's labels: ppo (the reward model continues on all pairs so far, then
     PPO continues against it) or dpo (online DPO: DPO continues from the last policy on the round's new pairs,
-    the reference staying --model; no reward model). With --prefs, dpo first trains on them from --model."""
+    the reference staying --model; no reward model). With --prefs, dpo first trains on them from --model; the
+    reward model's and PPO's own options (--rm-*, --max-steps, --kl-coef, ...) are then not used."""
     dpo_beta: float = 0.1
     """With --algorithm dpo: DPO's beta."""
     dpo_epochs: float = 2.0
@@ -99,7 +100,8 @@ class IterateConfig(PPOConfig):
     current policy, has --judge (a Python function, or people on the labelling page) say which is better,
     measures the reward model's accuracy on these new on-policy pairs, continues the reward model on all pairs
     so far, and continues PPO from the last round's policy and value model; the KL reference stays --model.
-    Writes OUT/round-K/{pairs.jsonl, rm/, ppo/}, OUT/final/ (the last policy) and OUT/summary.json.
+    With --algorithm dpo, online DPO instead: DPO continues on each round's pairs, no reward model.
+    Writes OUT/round-K/{pairs.jsonl, rm/, ppo/ or dpo/}, OUT/final/ (the last policy) and OUT/summary.json.
     --max-steps is PPO's steps per round; --resume continues an interrupted run at its round (labels kept)."""
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "data", "output_dir", "judge")

@@ -3,29 +3,13 @@ run leaves the last complete one), the options of a stage's own run, and running
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlhfkit.config.parts import RunArgs
+from rlhfkit.files import read_jsonl, write_json, write_jsonl  # noqa: F401  (the loop's files)
 
 ROUND_FILE = "round.json"
 COMMAND = "rlhfkit iterate"
-
-
-def write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:

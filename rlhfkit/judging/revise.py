@@ -23,6 +23,7 @@ from rlhfkit.config.judging import ReviseConfig
 from rlhfkit.data.encode import encode_prompt, prompt_token_ids
 from rlhfkit.data.schema import Text, load_examples
 from rlhfkit.errors import UserError, option
+from rlhfkit.files import write_jsonl
 from rlhfkit.judging.prompts import as_messages, critique_request, read_principles, revision_request
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
 from rlhfkit.models.sampling import decode, sample_responses
@@ -36,12 +37,6 @@ def _completion(prompt: Text, text: str) -> Text:
     continuation does), after a conversation an assistant message."""
     text = text.strip()
     return " " + text if isinstance(prompt, str) else [{"role": "assistant", "content": text}]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
 
 
 def run(cfg: ReviseConfig) -> dict:
@@ -112,9 +107,9 @@ def run(cfg: ReviseConfig) -> dict:
         "pairs": len(pairs),
         "principles": list(principles),
     }
-    _write_jsonl(out / "sft.jsonl", sft)
-    _write_jsonl(out / "pairs.jsonl", pairs)
-    _write_jsonl(out / "revisions.jsonl", record)
+    write_jsonl(out / "sft.jsonl", sft)
+    write_jsonl(out / "pairs.jsonl", pairs)
+    write_jsonl(out / "revisions.jsonl", record)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {len(sft)} revisions to {out / 'sft.jsonl'} and {len(pairs)} pairs to {out / 'pairs.jsonl'}")
     return report

@@ -17,18 +17,13 @@ from tqdm.auto import tqdm
 
 from rlhfkit.config.judging import JudgeConfig
 from rlhfkit.errors import UserError, option
+from rlhfkit.files import write_jsonl
 from rlhfkit.judging.agreement import judge_summary, reference_agreement, reference_from_rows
 from rlhfkit.judging.model import ModelJudge
 from rlhfkit.judging.pairs import load_pairs, load_reference
 from rlhfkit.judging.prompts import read_principles
 
 COMMAND = "rlhfkit judge"
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
 
 
 def run(cfg: JudgeConfig) -> dict:
@@ -98,8 +93,8 @@ def run(cfg: JudgeConfig) -> dict:
             "file": j.reference,
             **reference_agreement(pairs, answers, verdicts, reference, j.confident_at),
         }
-    _write_jsonl(out / "prefs.jsonl", prefs)
-    _write_jsonl(out / "judgments.jsonl", judgments)
+    write_jsonl(out / "prefs.jsonl", prefs)
+    write_jsonl(out / "judgments.jsonl", judgments)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print_report(report)
     print(f"wrote {len(prefs)} judged pairs to {out / 'prefs.jsonl'}")

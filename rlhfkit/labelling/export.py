@@ -14,21 +14,14 @@ Skipped pairs and withdrawn (undone) answers are left out of all three.
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from rlhfkit.files import write_json, write_jsonl
 from rlhfkit.labelling.agreement import cohen_kappa, fleiss_kappa, pair_agreement, wilson_interval
 from rlhfkit.labelling.items import Pair
 from rlhfkit.labelling.store import Judgment, Store
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _texts(pair: Pair, winner: str) -> tuple:
@@ -162,11 +155,9 @@ def export(store: Store, out_dir: Path, margins: dict[str, float], aggregate: st
     items, judgments = store.items(), store.judgments()
     prefs, ties = preference_rows(items, judgments, margins, aggregate)
     paths = {name: out_dir / name for name in ("prefs.jsonl", "ties.jsonl", "agreement.json")}
-    _write_jsonl(paths["prefs.jsonl"], prefs)
-    _write_jsonl(paths["ties.jsonl"], ties)
+    write_jsonl(paths["prefs.jsonl"], prefs)
+    write_jsonl(paths["ties.jsonl"], ties)
     report = agreement_report(items, judgments, store.labels_per_item)
     report["exported"] = {"aggregate": aggregate, "prefs": len(prefs), "ties": len(ties), "margins": margins}
-    tmp = paths["agreement.json"].with_name("agreement.json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, paths["agreement.json"])
+    write_json(paths["agreement.json"], report)
     return paths

@@ -15,7 +15,6 @@ metrics.jsonl and checkpoints), listed in ``OUT/ensemble.json`` with the ensembl
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from rlhfkit.data.collate import SequenceBatch, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import PreferenceExample, load_examples
+from rlhfkit.files import write_json
 from rlhfkit.models.loading import load_tokenizer
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import (
@@ -269,7 +269,7 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
                 "max_length": cfg.data.max_length,
                 "max_prompt_length": cfg.data.max_prompt_length,
             }
-            _write_json(session.output_dir / STATS_FILE, stats)
+            write_json(session.output_dir / STATS_FILE, stats)
         session.close()
 
     return fit(cfg, model, tokenizer, len(train_examples), "rm", objective, finish)
@@ -288,7 +288,7 @@ def write_ensemble(
         "seeds": [cfg.run.seed + i for i in range(len(members))],
         "conservative_k": cfg.reward.conservative_k,
     }
-    _write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
+    write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = pick_device(cfg.run.cpu)
     scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
     rows = 2 * max(1, cfg.optim.batch_size // cfg.optim.gradient_accumulation_steps)
@@ -319,11 +319,5 @@ def write_ensemble(
             "eval/accuracy": info["eval"]["accuracy"],
             "eval/conservative_accuracy": info["eval"]["conservative_accuracy"],
         }
-    _write_json(root / ENSEMBLE_FILE, info)
+    write_json(root / ENSEMBLE_FILE, info)
     return metrics
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)

@@ -13,7 +13,6 @@ For each prompt, with one principle drawn at random (seeded):
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from rlhfkit.config.judging import ReviseConfig
 from rlhfkit.data.encode import encode_prompt, prompt_token_ids
 from rlhfkit.data.schema import Text, load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.files import write_jsonl
+from rlhfkit.files import write_json, write_jsonl
 from rlhfkit.judging.prompts import as_messages, critique_request, read_principles, revision_request
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
 from rlhfkit.models.sampling import decode, sample_responses
@@ -110,7 +109,7 @@ def run(cfg: ReviseConfig) -> dict:
     write_jsonl(out / "sft.jsonl", sft)
     write_jsonl(out / "pairs.jsonl", pairs)
     write_jsonl(out / "revisions.jsonl", record)
-    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out / "report.json", report)
     print(f"wrote {len(sft)} revisions to {out / 'sft.jsonl'} and {len(pairs)} pairs to {out / 'pairs.jsonl'}")
     return report
 

@@ -7,7 +7,6 @@ OUT/report.json       pairs, ties, order consistency, confidence; with --referen
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from tqdm.auto import tqdm
 
 from rlhfkit.config.judging import JudgeConfig
 from rlhfkit.errors import UserError, option
-from rlhfkit.files import write_jsonl
+from rlhfkit.files import write_json, write_jsonl
 from rlhfkit.judging.agreement import judge_summary, reference_agreement, reference_from_rows
 from rlhfkit.judging.model import ModelJudge
 from rlhfkit.judging.pairs import load_pairs, load_reference
@@ -95,7 +94,7 @@ def run(cfg: JudgeConfig) -> dict:
         }
     write_jsonl(out / "prefs.jsonl", prefs)
     write_jsonl(out / "judgments.jsonl", judgments)
-    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out / "report.json", report)
     print_report(report)
     print(f"wrote {len(prefs)} judged pairs to {out / 'prefs.jsonl'}")
     return report

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import random
+import socket
+import time
 from pathlib import Path
 
 import pytest
 
 import rlhfkit
+from rlhfkit.iterated.human import TOKENS_FILE
+from tests.labelling.label_helpers import Client
 from tests.trainers.online.conftest import BAD, GOOD, PROMPTS, thanks_task  # noqa: F401  (the fixture)
 
 JUDGE = """
@@ -61,3 +65,26 @@ def two_rounds(iterate_task, tmp_path_factory) -> Path:
     )
     assert result.output_dir == out and result.metrics["totals"]["rounds"] == 2
     return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def round_one_client(out: Path, port: int, annotator: str, timeout: float = 300.0) -> Client | None:
+    """An annotator's page client once the run in ``out`` has opened round 1's label store and serves the page on
+    ``port`` (None when that does not happen within ``timeout`` seconds)."""
+    deadline = time.time() + timeout
+    while not (out / TOKENS_FILE).is_file() or not (out / "round-1" / "labels" / "labels.sqlite").exists():
+        if time.time() > deadline:
+            return None
+        time.sleep(0.1)
+    client = Client(f"http://127.0.0.1:{port}/a/{json.loads((out / TOKENS_FILE).read_text())[annotator]}")
+    while True:
+        try:
+            client.load_page()
+            return client
+        except OSError:
+            time.sleep(0.1)

@@ -5,7 +5,6 @@ real browser."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -15,9 +14,9 @@ import rlhfkit
 from rlhfkit.iterated.human import TOKENS_FILE, HumanJudge, round_finished
 from rlhfkit.labelling.store import Store
 from tests.helpers import read_jsonl, write_jsonl
-from tests.labelling.label_helpers import Client, candidate_rows
+from tests.labelling.label_helpers import candidate_rows
 
-from .conftest import SMALL
+from .conftest import SMALL, free_port, round_one_client
 
 
 class Stop(Exception):
@@ -86,30 +85,14 @@ def test_a_round_closes_at_min_labels_or_when_everyone_skipped_the_rest(tmp_path
     store.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_loop_waits_for_people_labelling_over_http(iterate_task, tmp_path):
-    out, port = tmp_path / "out", _free_port()
+    out, port = tmp_path / "out", free_port()
     answered = []
 
     def annotator():
-        deadline = time.time() + 300
-        while not (out / TOKENS_FILE).is_file() or not (out / "round-1" / "labels" / "labels.sqlite").exists():
-            if time.time() > deadline:
-                return
-            time.sleep(0.1)
-        token = json.loads((out / TOKENS_FILE).read_text())["alice"]
-        client = Client(f"http://127.0.0.1:{port}/a/{token}")
-        while True:
-            try:
-                client.load_page()
-                break
-            except OSError:
-                time.sleep(0.1)
+        client = round_one_client(out, port, "alice")
+        if client is None:
+            return
         while (item := client.state()["item"]) is not None:
             a, b = "thanks" in item["a"], "thanks" in item["b"]
             choice = "a" if a and not b else "b" if b and not a else "tie"

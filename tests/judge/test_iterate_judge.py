@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
-import time
 
 import pytest
 
 import rlhfkit
-from rlhfkit.iterated.human import TOKENS_FILE
 from rlhfkit.iterated.judges import load_judge
 from rlhfkit.iterated.mixed import people_share
 from rlhfkit.labelling.agreement import cohen_kappa
 from tests.helpers import read_jsonl
-from tests.iterate.conftest import SMALL, iterate_task, thanks_task  # noqa: F401  (the fixtures)
-from tests.labelling.label_helpers import Client
+from tests.iterate.conftest import SMALL, free_port, iterate_task, round_one_client, thanks_task  # noqa: F401
 
 # one short round (the run's seed is the default, 42): the labels are what is tested here, not what PPO learns from them
 ROUND = {**SMALL, "pairs_per_round": 16, "rm_steps": 5, "rm_initial_steps": 5, "max_steps": 2, "rounds": 1}
@@ -60,33 +56,18 @@ def test_a_model_judge_labels_each_round(iterate_task, length_judge, tmp_path): 
     assert json.loads((out / "round-1" / "round.json").read_text())["model_judge"] == judged
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def shorter_side(a: str, b: str) -> str:
     a, b = len(a.split()), len(b.split())
     return "a" if a < b else "b" if b < a else "tie"
 
 
 def test_people_label_a_share_the_model_the_rest_and_their_agreement_is_recorded(iterate_task, length_judge, tmp_path):  # noqa: F811
-    out, port = tmp_path / "out", _free_port()
+    out, port = tmp_path / "out", free_port()
 
     def person():  # labels over HTTP, preferring the reply of fewer words, as the judge was taught to
-        deadline = time.time() + 300
-        while not (out / TOKENS_FILE).is_file() or not (out / "round-1" / "labels" / "labels.sqlite").exists():
-            if time.time() > deadline:
-                return
-            time.sleep(0.1)
-        client = Client(f"http://127.0.0.1:{port}/a/{json.loads((out / TOKENS_FILE).read_text())['annotator']}")
-        while True:
-            try:
-                client.load_page()
-                break
-            except OSError:
-                time.sleep(0.1)
+        client = round_one_client(out, port, "annotator")
+        if client is None:
+            return
         while (item := client.state()["item"]) is not None:
             assert client.judge(shorter_side(item["a"], item["b"]), item["id"])[0] == 200
 

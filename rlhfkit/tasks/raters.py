@@ -32,7 +32,11 @@ class GoldRaters:
         ]
 
 
-def labelled_pair(rng: random.Random, judge: Judge, prompt: str, a: str, b: str, temperature: float) -> dict:
-    """A preference row of two different replies as the raters label them."""
+def labelled_pair(rng: random.Random, judge: Judge, prompt: str, reply: Callable[[], str], temperature: float) -> dict:
+    """A preference row of two different replies drawn from ``reply()`` (drawn again until they differ), as the
+    raters label them."""
+    a, b = reply(), reply()
+    while b == a:
+        b = reply()
     chosen, rejected = (a, b) if prefers_first(rng, judge, prompt, a, b, temperature) else (b, a)
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}

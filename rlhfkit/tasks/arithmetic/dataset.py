@@ -100,11 +100,8 @@ def make_preference_rows(split: str, seed: int = 0, n: int | None = None) -> lis
     problems = make_problems(split)
     rows = []
     for p in _problem_cycle(rng, split, n):
-        a = _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)
-        b = _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)
-        while b == a:
-            b = _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)
-        rows.append(labelled_pair(rng, judge, p.prompt, a, b, RATER_TEMPERATURE))
+        reply = lambda: _demonstration(rng, p, problems, SLIP_RATE, RUN_ON_RATE)  # noqa: E731
+        rows.append(labelled_pair(rng, judge, p.prompt, reply, RATER_TEMPERATURE))
     return rows
 
 

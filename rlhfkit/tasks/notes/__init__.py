@@ -123,11 +123,7 @@ def make_preference_rows(split: str = "train", seed: int = 0, n: int | None = No
     rng = random.Random(f"notes-prefs-{split}-{seed}")
     rows = []
     for prompt in _prompts(rng, split, n):
-        a = demonstration(rng, prompt)
-        b = demonstration(rng, prompt)
-        while b == a:
-            b = demonstration(rng, prompt)
-        rows.append(labelled_pair(rng, gold_score, prompt, a, b, RATER_TEMPERATURE))
+        rows.append(labelled_pair(rng, gold_score, prompt, lambda: demonstration(rng, prompt), RATER_TEMPERATURE))
     return rows
 
 

@@ -32,9 +32,13 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from rlhfkit.commands import COMMANDS, execute, launched_world
+from rlhfkit.config.parse import build_config, flat_dict
 from rlhfkit.errors import UserError, spelling
+from rlhfkit.training.session import check_output_dir
 
 IN_MEMORY_OPTIONS = ("data", "eval_data")  # options that may be given as a list of dicts
 
@@ -121,9 +125,6 @@ def _run(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict
 
 
 def _build_and_execute(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict[str, Any]]:
-    from rlhfkit.cli.main import COMMANDS, execute
-    from rlhfkit.config.parse import build_config, flat_dict
-
     spec = COMMANDS[command]
     prog = f"rlhfkit.{command.replace('-', '_')}"
     if config is not None and not isinstance(config, spec.config):
@@ -149,11 +150,6 @@ def _build_and_execute(command: str, config: Any = None, /, **options: Any) -> t
 
 def _check_output_dir(config_cls: type, options: dict[str, Any]) -> None:
     """Stop before writing in-memory rows into ``output_dir`` when it holds another run (as the command would)."""
-    from types import SimpleNamespace
-
-    from rlhfkit.cli.main import launched_world
-    from rlhfkit.training.session import check_output_dir
-
     # under a launcher the processes check together when the session opens (one may already have written)
     if not hasattr(config_cls(), "run") or not options.get("output_dir") or launched_world() > 1:
         return

@@ -1,109 +1,27 @@
-"""`rlhfkit COMMAND [--config FILE.yaml] [--option value ...]`.
+"""`rlhfkit COMMAND [--config FILE.yaml] [--option value ...]`: the command line over ``rlhfkit.commands``.
 
-Each command is a config dataclass (its flags) and a function that takes the parsed config. Trainers
-are imported only when their command runs, so `--help` stays fast.
+Here are what only the command line has: reading argv, the usage and version lines, the libraries' chatter
+silenced, and errors printed as one line with an exit status. The commands themselves (their configs, entry
+points and ``execute``) are ``rlhfkit.commands``.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
-from contextlib import nullcontext
-from dataclasses import dataclass
+from importlib import metadata
 
-from rlhfkit.config import commands as c
-from rlhfkit.config.iterate import IterateConfig
-from rlhfkit.config.judging import JudgeConfig, ReviseConfig
+import torch.distributed as dist
+
+from rlhfkit import __version__
+from rlhfkit.commands import COMMANDS, Command, execute, launched_rank, launched_world, run_command
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import Preempted, UserError
 
-
-@dataclass(frozen=True)
-class Command:
-    config: type
-    target: str  # "module:function" called with the parsed config
-    summary: str
-
-
-COMMANDS: dict[str, Command] = {
-    "init-model": Command(
-        c.InitModelConfig,
-        "rlhfkit.models.init_model:init_model",
-        "build a small random causal LM and a BPE tokenizer trained on local text",
-    ),
-    "sft": Command(
-        c.SFTConfig, "rlhfkit.trainers.sft:train", "supervised fine-tuning on prompt/completion or chat data"
-    ),
-    "rm": Command(c.RMConfig, "rlhfkit.trainers.rm:train", "reward model from preference pairs (Bradley-Terry)"),
-    "ppo": Command(
-        c.PPOConfig,
-        "rlhfkit.trainers.online:train",
-        "PPO against a reward model with a KL penalty to a frozen reference",
-    ),
-    "grpo": Command(
-        c.GRPOConfig,
-        "rlhfkit.trainers.online:train",
-        "GRPO: several completions per prompt, group-normalised rewards, no critic (Python reward functions)",
-    ),
-    "rloo": Command(
-        c.RLOOConfig,
-        "rlhfkit.trainers.online:train",
-        "RLOO: several completions per prompt, leave-one-out baseline, no critic (Python reward functions)",
-    ),
-    "dpo": Command(
-        c.DPOConfig, "rlhfkit.trainers.dpo:train", "direct preference optimisation (sigmoid / ipo / label smoothing)"
-    ),
-    "merge": Command(
-        c.MergeConfig,
-        "rlhfkit.models.merge:run",
-        "merge a LoRA adapter into its base model -> a full model folder (as a run with --save-merged writes)",
-    ),
-    "iterate": Command(
-        IterateConfig,
-        "rlhfkit.iterated:run",
-        "iterated RLHF: rounds of on-policy pairs -> judge or people -> reward model updated -> PPO continued",
-    ),
-    "judge": Command(
-        JudgeConfig,
-        "rlhfkit.judging.run:run",
-        "a local model labels pairs (RLAIF): both orders asked, ties dropped -> prefs.jsonl, agreement with people",
-    ),
-    "revise": Command(
-        ReviseConfig,
-        "rlhfkit.judging.revise:run",
-        "Constitutional AI's supervised stage: answer, critique by a principle, revise -> sft.jsonl, pairs.jsonl",
-    ),
-    "generate": Command(c.GenerateConfig, "rlhfkit.inference.generate:run", "sample responses for prompts -> JSONL"),
-    "score": Command(
-        c.ScoreConfig, "rlhfkit.inference.score:run", "reward-model scores for prompt/response rows -> JSONL"
-    ),
-    "eval": Command(
-        c.EvalConfig,
-        "rlhfkit.inference.evaluate:run",
-        "sample a policy on prompts: RM score, gold score, KL to a reference, length, diversity -> JSON",
-    ),
-    "label": Command(
-        c.LabelConfig,
-        "rlhfkit.labelling.app:run",
-        "a web page where people compare pairs of responses -> prefs.jsonl for rm / dpo (--export)",
-    ),
-    "view": Command(
-        c.ViewConfig,
-        "rlhfkit.viewer.app:run",
-        "a web page of training runs: every metric's curve (runs overlaid), samples by step, the report",
-    ),
-    "demo": Command(
-        c.DemoConfig,
-        "rlhfkit.demo.pipeline:run",
-        "the built-in customer-support task end to end (SFT, RM, PPO, PPO without KL, DPO) with a report",
-    ),
-}
+__all__ = ["COMMANDS", "Command", "entry", "execute", "launched_rank", "launched_world", "main", "run_command"]
 
 
 def usage() -> str:
@@ -117,10 +35,6 @@ def usage() -> str:
 def version() -> str:
     """rlhfkit's version and those of the libraries it runs on (read from the installed packages' metadata,
     so nothing heavy is imported)."""
-    from importlib import metadata
-
-    from rlhfkit import __version__
-
     found = []
     for name in ("torch", "transformers", "accelerate", "peft", "datasets", "tokenizers"):
         try:
@@ -129,44 +43,6 @@ def version() -> str:
             found.append(f"{name} not installed")
     python = ".".join(map(str, sys.version_info[:3]))
     return f"rlhfkit {__version__} (Python {python}; {', '.join(found)})"
-
-
-def execute(name: str, config):
-    """Run command ``name`` on a parsed config under its ``--accel`` mode and on its ``--threads`` CPU threads;
-    returns what the command returns. The SIGTERM/SIGINT handlers a training session installs, and torch's thread
-    count, are put back as they were, however the command ends."""
-    from rlhfkit.accel import switched
-    from rlhfkit.config.parse import flat_dict
-    from rlhfkit.training.runtime import cpu_threads
-
-    module, func = COMMANDS[name].target.split(":")
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    options = flat_dict(config)
-    run = getattr(config, "run", None)
-    if run is not None and launched_world() == 1:  # before any model loads (a launcher's processes check later)
-        from rlhfkit.training.session import check_output_dir
-
-        check_output_dir(run)
-    # a command that runs no model (label, view, init-model) has no --accel
-    accel = switched(options["accel"], cpu=bool(options.get("cpu", False))) if "accel" in options else nullcontext()
-    try:
-        with accel, cpu_threads(options.get("threads") or 0):
-            return getattr(importlib.import_module(module), func)(config)
-    except BaseException:
-        from rlhfkit.training.logger import close_progress_bars
-
-        close_progress_bars()  # before the caller prints the error
-        raise
-    finally:
-        if threading.current_thread() is threading.main_thread():
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-
-
-def run_command(name: str, argv: list[str]):
-    """Parse ``argv`` exactly as ``rlhfkit NAME ...`` does and run the command (errors raise UserError)."""
-    config, _ = parse_config(f"rlhfkit {name}", COMMANDS[name].config, argv, COMMANDS[name].summary)
-    return execute(name, config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,20 +117,9 @@ def _close_process_group() -> None:
     barrier here, not whatever the interpreter's teardown meets."""
     if launched_world() == 1:
         return
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def launched_rank() -> int:
-    """The rank a launcher (torchrun, accelerate launch) gave this process; 0 when run alone."""
-    return int(os.environ.get("RANK", "0") or 0)
-
-
-def launched_world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def _quiet_libraries(debug: bool) -> None:

@@ -10,7 +10,7 @@ import sys
 import typing
 from pathlib import Path
 
-from rlhfkit.cli.main import COMMANDS
+from rlhfkit.commands import COMMANDS
 from rlhfkit.config.fields import choices
 from rlhfkit.config.parse import leaves
 

@@ -43,27 +43,20 @@ import random
 import time
 from pathlib import Path
 
+from rlhfkit.commands import execute
 from rlhfkit.config.iterate import HUMAN, IterateConfig, needs_people
 from rlhfkit.config.online import PPOConfig
 from rlhfkit.config.parse import save_config
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
+from rlhfkit.files import read_jsonl, write_json, write_jsonl
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share
 from rlhfkit.iterated.judges import judge_record, load_judge
 from rlhfkit.iterated.mixed import mixed_labels
 from rlhfkit.iterated.models import VALUE_DIR, copy_model, sample_replies, save_value_model
 from rlhfkit.iterated.online_dpo import OnlineDPO
 from rlhfkit.iterated.reward_models import RewardModels
-from rlhfkit.iterated.runs import (
-    COMMAND,
-    ROUND_FILE,
-    execute,
-    last_mean,
-    metrics_rows,
-    read_jsonl,
-    write_json,
-    write_jsonl,
-)
+from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, last_mean, metrics_rows
 from rlhfkit.training.runtime import pick_device
 
 

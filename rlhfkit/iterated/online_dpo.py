@@ -9,11 +9,13 @@ import math
 import time
 from pathlib import Path
 
+from rlhfkit.commands import execute
 from rlhfkit.config.commands import DPOArgs, DPOConfig
 from rlhfkit.config.iterate import IterateConfig
 from rlhfkit.config.parts import DataArgs, ModelArgs, OptimArgs
 from rlhfkit.data.schema import load_examples
-from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, execute, last_mean, metrics_rows, run_args, write_json
+from rlhfkit.files import write_json
+from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, last_mean, metrics_rows, run_args
 
 
 class OnlineDPO:

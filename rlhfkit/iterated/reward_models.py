@@ -10,14 +10,16 @@ import random
 import time
 from pathlib import Path
 
+from rlhfkit.commands import execute
 from rlhfkit.config.commands import RMConfig
 from rlhfkit.config.iterate import IterateConfig
 from rlhfkit.config.parse import load_yaml
 from rlhfkit.config.parts import DataArgs, LoraArgs, ModelArgs, OptimArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
+from rlhfkit.files import write_json, write_jsonl
 from rlhfkit.iterated.models import pair_accuracy
-from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, execute, run_args, write_json, write_jsonl
+from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, run_args
 from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.trainers import rm
 

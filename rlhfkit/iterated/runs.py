@@ -1,12 +1,12 @@
-"""What every stage of `rlhfkit iterate` shares: its files (written whole through a temporary file, so a stopped
-run leaves the last complete one), the options of a stage's own run, and running a command on a config."""
+"""What every stage of `rlhfkit iterate` shares: the names of its files, reading a stage's logged metrics, and the
+options of a stage's own run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rlhfkit.config.parts import RunArgs
-from rlhfkit.files import read_jsonl, write_json, write_jsonl  # noqa: F401  (the loop's files)
+from rlhfkit.files import read_jsonl
 
 ROUND_FILE = "round.json"
 COMMAND = "rlhfkit iterate"
@@ -35,9 +35,3 @@ def run_args(c, out: Path, seed: int) -> RunArgs:
         cpu=c.run.cpu,
         progress=c.run.progress,
     )
-
-
-def execute(command: str, config) -> dict:
-    from rlhfkit.cli.main import execute
-
-    return execute(command, config)

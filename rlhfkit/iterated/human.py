@@ -13,6 +13,7 @@ the round reopens its store, with every label given so far.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +24,8 @@ from rlhfkit.labelling.app import DEFAULT_ANNOTATOR, LabelApp, open_store
 from rlhfkit.labelling.export import export
 from rlhfkit.labelling.store import Store
 from rlhfkit.web.server import Server, is_loopback
+
+logger = logging.getLogger(__name__)
 
 TOKENS_FILE = "annotators.json"
 
@@ -87,7 +90,7 @@ class HumanJudge:
             self.app = LabelApp(store, self.guidelines)
             self.server = Server(self.app.app, self.host, self.port).start()
             for name in self.names:
-                print(f"  {name}: {self.server.url(f'/a/{self.tokens[name]}')}", flush=True)
+                logger.info("  %s: %s", name, self.server.url(f"/a/{self.tokens[name]}"))
         previous, self.app.store = self.app.store, store
         if previous is not store:  # the page now reads the new round's store; the last one is done
             previous.close()
@@ -97,10 +100,11 @@ class HumanJudge:
         labels_dir = round_dir / "labels"
         store = self.open_round(candidates, labels_dir)
         self._serve(store)  # the page keeps showing this round (all done) until the next one opens
-        print(
-            f"{round_dir.name}: {store.item_count()} pairs to label on the page "
-            f"({store.complete_items()} labelled so far)",
-            flush=True,
+        logger.info(
+            "%s: %d pairs to label on the page (%d labelled so far)",
+            round_dir.name,
+            store.item_count(),
+            store.complete_items(),
         )
         while not round_finished(store, list(self.tokens), min_labels):
             if on_wait is not None:

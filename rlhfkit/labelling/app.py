@@ -9,7 +9,8 @@ Pages and endpoints (TOKEN is the annotator's secret, in the URL printed at star
     POST /api/TOKEN/undo         {"request_id"}
 
 A POST needs the page's CSRF token in ``X-CSRF-Token`` (an HMAC of the annotator's name under a secret kept in
-the store, so it survives restarts) besides the same-origin checks of ``rlhfkit.web.server``. The answer to a
+the store, so it survives restarts; checked by ``rlhfkit.web.server.CsrfGuard``) besides the same-origin checks
+of ``rlhfkit.web.server.Guard``. The answer to a
 judgment is sent after the store committed it; the page retries a request whose answer it did not get, with
 the same request id, which the store recognises.
 """
@@ -18,8 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from rlhfkit.config.pages import STRENGTHS, LabelConfig
 from rlhfkit.errors import UserError, command, invocation, option
@@ -27,12 +32,15 @@ from rlhfkit.labelling.export import export
 from rlhfkit.labelling.items import read_pairs
 from rlhfkit.labelling.store import CHOICES, Conflict, Store, file_digest
 from rlhfkit.web import markdown
-from rlhfkit.web.server import App, HttpError, Request, Response, Server, is_loopback, json_response, page
+from rlhfkit.web.server import HttpError, Server, is_loopback, json_body, json_response, page, route, web_app
+
+logger = logging.getLogger(__name__)
 
 MAX_COMMENT = 2000  # characters
 DEFAULT_ANNOTATOR = "annotator"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _JUDGE_FIELDS = {"request_id", "item_id", "choice", "strength", "comment"}
+_API_PATH = re.compile(r"/api/([^/]+)/")
 
 
 class LabelApp:
@@ -44,13 +52,15 @@ class LabelApp:
                 self.guidelines_html = markdown.render(Path(guidelines).read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError) as exc:
                 raise UserError(f"{guidelines}: cannot read {option('guidelines')} as UTF-8 text ({exc})") from None
-        self.app = App()
-        self.app.route("GET", r"/", self.index)
-        self.app.route("GET", r"/a/(?P<token>[\w-]+)", self.label_page)
-        self.app.route("GET", r"/a/(?P<token>[\w-]+)/guidelines", self.guidelines_page)
-        self.app.route("GET", r"/api/(?P<token>[\w-]+)/state", self.state)
-        self.app.route("POST", r"/api/(?P<token>[\w-]+)/judge", self.judge)
-        self.app.route("POST", r"/api/(?P<token>[\w-]+)/undo", self.undo)
+        routes = [
+            route("/", self.index),
+            route("/a/{token}", self.label_page),
+            route("/a/{token}/guidelines", self.guidelines_page),
+            route("/api/{token}/state", self.state),
+            route("/api/{token}/judge", self.judge, "POST"),
+            route("/api/{token}/undo", self.undo, "POST"),
+        ]
+        self.app = web_app(routes, csrf=self.expected_csrf)
 
     # -- who is asking --------------------------------------------------------------------------------------
 
@@ -58,18 +68,20 @@ class LabelApp:
         secret = (self.store.meta("csrf_secret") or "").encode()
         return hmac.new(secret, f"csrf/{annotator}".encode(), hashlib.sha256).hexdigest()
 
+    def expected_csrf(self, path: str) -> str | None:
+        """The CSRF token a POST to ``path`` must carry: its annotator's; None for no annotator's API path."""
+        match = _API_PATH.match(path)
+        name = self.store.annotator_for(match.group(1)) if match else None
+        return None if name is None else self.csrf_token(name)
+
     def _annotator(self, req: Request) -> str:
-        name = self.store.annotator_for(req.params["token"])
+        name = self.store.annotator_for(req.path_params["token"])
         if name is None:
             raise HttpError(404, "unknown link: ask for your personal URL")
         return name
 
     def _post_body(self, req: Request) -> tuple[str, dict]:
-        name = self._annotator(req)
-        given = req.headers.get("X-CSRF-Token") or ""
-        if not hmac.compare_digest(given, self.csrf_token(name)):
-            raise HttpError(403, "missing or wrong CSRF token: reload the page")
-        return name, req.json()
+        return self._annotator(req), json_body(req)  # the CSRF token was checked by the middleware
 
     # -- pages ----------------------------------------------------------------------------------------------
 
@@ -83,13 +95,13 @@ class LabelApp:
             annotator=name,
             csrf=self.csrf_token(name),
             guidelines_hidden="" if self.guidelines_html else "hidden",
-            guidelines_url=f"/a/{req.params['token']}/guidelines",
+            guidelines_url=f"/a/{req.path_params['token']}/guidelines",
         )
 
     def guidelines_page(self, req: Request) -> Response:
         self._annotator(req)
         body = self.guidelines_html or "<p>No guidelines were given for this task.</p>"
-        return page("guidelines.html", raw={"body": body}, back=f"/a/{req.params['token']}")
+        return page("guidelines.html", raw={"body": body}, back=f"/a/{req.path_params['token']}")
 
     # -- API ------------------------------------------------------------------------------------------------
 
@@ -203,18 +215,21 @@ def run(cfg: LabelConfig):
         finally:
             store.close()
         for path in paths.values():
-            print(f"wrote {path}")
+            logger.info("wrote %s", path)
         return paths
     server, store, tokens = start(cfg)
-    print(
-        f"labelling {store.item_count()} pairs ({store.complete_items()} complete), "
-        f"{store.labels_per_item} label(s) per pair, store {store.path}"
+    logger.info(
+        "labelling %d pairs (%d complete), %d label(s) per pair, store %s",
+        store.item_count(),
+        store.complete_items(),
+        store.labels_per_item,
+        store.path,
     )
     for name, token in tokens.items():
-        print(f"  {name}: {server.url(f'/a/{token}')}")
+        logger.info("  %s: %s", name, server.url(f"/a/{token}"))
     if not is_loopback(cfg.serve.host):
-        print("warning: plain HTTP beyond this machine; anyone who sees a link can label as its annotator")
-    print(f"stop with Ctrl-C; then `rlhfkit label --output-dir {cfg.label.output_dir} --export`", flush=True)
+        logger.warning("plain HTTP beyond this machine; anyone who sees a link can label as its annotator")
+    logger.info("stop with Ctrl-C; then `rlhfkit label --output-dir %s --export`", cfg.label.output_dir)
     try:
         server.serve_forever()
     finally:

@@ -13,24 +13,32 @@ our own (static/viewer.js): no chart library, nothing fetched from elsewhere.
 from __future__ import annotations
 
 import html
+import logging
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from rlhfkit.config.pages import ViewConfig
 from rlhfkit.viewer.runs import IMAGE_SUFFIXES, Folder, find_runs, image_file, metrics, report_source, samples
 from rlhfkit.web import markdown
-from rlhfkit.web.server import App, HttpError, Request, Response, Server, is_loopback, json_response, page
+from rlhfkit.web.server import HttpError, Server, is_loopback, json_response, page, route, web_app
+
+logger = logging.getLogger(__name__)
 
 
 class ViewerApp:
     def __init__(self, folders: list[Folder]):
         self.folders = folders
         self.runs = [run for folder in folders for run in folder.runs]
-        self.app = App()
-        self.app.route("GET", r"/", self.index)
-        self.app.route("GET", r"/api/metrics", self.metrics)
-        self.app.route("GET", r"/api/samples", self.samples)
-        self.app.route("GET", r"/file/(?P<n>\d+)/(?P<path>.+)", self.file)
+        routes = [
+            route("/", self.index),
+            route("/api/metrics", self.metrics),
+            route("/api/samples", self.samples),
+            route("/file/{n:int}/{path:path}", self.file),
+        ]
+        self.app = web_app(routes)
 
     def _reports(self) -> str:
         """Each folder's report (report.md, else summary.json), or else its runs' own reports, as HTML."""
@@ -68,13 +76,13 @@ class ViewerApp:
         return json_response({"runs": [{"name": run.name, "rows": samples(run)} for run in self.runs]})
 
     def file(self, req: Request) -> Response:
-        n = int(req.params["n"])
+        n = req.path_params["n"]
         if n >= len(self.folders):
             raise HttpError(404, "no such folder")
-        path = image_file(self.folders[n].path, unquote(req.params["path"]))
+        path = image_file(self.folders[n].path, req.path_params["path"])  # already percent-decoded
         if path is None:
             raise HttpError(404, "no such image")
-        return Response(200, path.read_bytes(), IMAGE_SUFFIXES[path.suffix.lower()])
+        return Response(path.read_bytes(), 200, media_type=IMAGE_SUFFIXES[path.suffix.lower()])
 
 
 def run(cfg: ViewConfig) -> None:
@@ -82,8 +90,8 @@ def run(cfg: ViewConfig) -> None:
     folders = find_runs(cfg.runs)
     viewer = ViewerApp(folders)
     server = Server(viewer.app, cfg.serve.host, cfg.serve.port)
-    print(f"{len(viewer.runs)} run(s): {', '.join(run.name for run in viewer.runs)}")
-    print(f"open {server.url('/')}   (stop with Ctrl-C)", flush=True)
+    logger.info("%d run(s): %s", len(viewer.runs), ", ".join(run.name for run in viewer.runs))
+    logger.info("open %s   (stop with Ctrl-C)", server.url("/"))
     if not is_loopback(cfg.serve.host):
-        print("warning: the page is reachable from other machines, without a password")
+        logger.warning("the page is reachable from other machines, without a password")
     server.serve_forever()

@@ -1,35 +1,50 @@
-"""A small HTTP server for rlhfkit's local pages (the labelling app and the run viewer).
+"""The local pages' web app and server: Starlette routes served by uvicorn, behind the same checks everywhere.
 
-The standard library's ``ThreadingHTTPServer`` and a table of routes: no web framework to install, and
-every request goes through the same few checks in one place:
+``web_app`` builds a Starlette app whose middleware checks every request before a route sees it:
 
-- the ``Host`` header must name this server (a page on another site cannot reach it through DNS rebinding);
-- a state-changing request (POST) must be same-origin: its ``Origin`` (and ``Sec-Fetch-Site``, which
-  browsers send) must be this server, and its body JSON of at most ``MAX_BODY`` bytes;
-- every response carries a Content-Security-Policy that allows scripts and styles from this server's
-  own files only (no inline script, nothing from elsewhere), and ``Referrer-Policy: no-referrer`` so the
-  annotators' token URLs never leak.
+- ``Guard``: the ``Host`` header must name this server (a page on another site cannot reach it through DNS
+  rebinding); a state-changing request (POST) must be same-origin (its ``Origin`` and ``Sec-Fetch-Site``,
+  which browsers send, must be this server) with a ``Content-Length`` of at most ``MAX_BODY`` bytes; and every
+  response carries a Content-Security-Policy that allows scripts and styles from this server's own files only
+  (no inline script, nothing from elsewhere), and ``Referrer-Policy: no-referrer`` so that the annotators'
+  token URLs never leak;
+- ``CsrfGuard`` (where the app passes ``csrf``): a POST must carry the ``X-CSRF-Token`` its page was given.
+
+Routes are plain functions of a Starlette ``Request`` run in a worker thread (the label store is blocking
+SQLite), after the body is read; they end a request early by raising ``HttpError``. ``Server`` serves an app
+on a socket bound at once (so ``port=0`` has its number before serving), in the calling thread until Ctrl-C
+(``serve_forever``) or in a background thread until ``stop`` (``start``).
 """
 
 from __future__ import annotations
 
+import hmac
 import html
 import ipaddress
 import json
-import re
+import logging
 import socket
-import sys
 import threading
-import traceback
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from string import Template
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlhfkit.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).with_name("static")
 MAX_BODY = 16 * 1024  # bytes of a request body; a judgment is a few hundred
@@ -37,7 +52,15 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
 CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}
+Handler = Callable[[Request], Response]
 
 
 class HttpError(Exception):
@@ -49,37 +72,22 @@ class HttpError(Exception):
         self.message = message
 
 
-@dataclass
-class Request:
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: Any  # email.message.Message: case-insensitive .get()
-    body: bytes = b""
-    params: dict[str, str] = field(default_factory=dict)  # the route pattern's named groups
-
-    def json(self) -> dict:
-        if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
-            raise HttpError(415, "send the body as application/json")
-        try:
-            obj = json.loads(self.body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise HttpError(400, "the body is not valid JSON") from None
-        if not isinstance(obj, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        return obj
-
-
-@dataclass
-class Response:
-    status: int
-    body: bytes
-    content_type: str
-    headers: dict[str, str] = field(default_factory=dict)
-
-
 def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(obj, ensure_ascii=False).encode("utf-8"), "application/json; charset=utf-8")
+    body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    return Response(body, status, media_type="application/json; charset=utf-8")
+
+
+def json_body(request: Request) -> dict:
+    """A POST's body (read by ``route`` before the handler runs) as a JSON object."""
+    if (request.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
+        raise HttpError(415, "send the body as application/json")
+    try:
+        obj = json.loads(request.state.body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise HttpError(400, "the body is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return obj
 
 
 def page(name: str, raw: dict[str, str] | None = None, **values: str) -> Response:
@@ -87,7 +95,7 @@ def page(name: str, raw: dict[str, str] | None = None, **values: str) -> Respons
     HTML in ``raw`` (markup this package made itself, such as ``markdown.render``'s, never outside text)."""
     text = Template((STATIC_DIR / name).read_text(encoding="utf-8"))
     body = text.substitute({**{k: html.escape(str(v), quote=True) for k, v in values.items()}, **(raw or {})})
-    return Response(200, body.encode("utf-8"), "text/html; charset=utf-8")
+    return Response(body.encode("utf-8"), 200, media_type="text/html; charset=utf-8")
 
 
 def static_file(name: str) -> Response:
@@ -95,63 +103,117 @@ def static_file(name: str) -> Response:
     path = STATIC_DIR / name
     if "/" in name or name.startswith(".") or path.suffix not in CONTENT_TYPES or not path.is_file():
         raise HttpError(404, "no such file")
-    return Response(200, path.read_bytes(), CONTENT_TYPES[path.suffix], {"Cache-Control": "no-cache"})
+    return Response(
+        path.read_bytes(), 200, media_type=CONTENT_TYPES[path.suffix], headers={"Cache-Control": "no-cache"}
+    )
 
 
-Handler = Callable[[Request], Response]
+def route(path: str, handler: Handler, method: str = "GET") -> Route:
+    """A Starlette route calling ``handler(request)`` in a worker thread, the body already read; an
+    ``HttpError`` becomes its JSON answer, any other exception a 500 (and a traceback in the log)."""
 
-
-@dataclass
-class Route:
-    method: str
-    pattern: re.Pattern
-    handler: Handler
-
-
-class App:
-    """Routes (method, path regex with named groups, handler) served by ``serve``."""
-
-    def __init__(self) -> None:
-        self.routes: list[Route] = []
-        # Host headers accepted: the loopback names of the port served on; None (any) on other interfaces,
-        # where the names people reach the machine by are unknown and the annotator tokens guard the pages.
-        self.allowed_hosts: set[str] | None = set()
-        self.route("GET", r"/static/(?P<name>[\w.-]+)", lambda req: static_file(req.params["name"]))
-
-    def route(self, method: str, pattern: str, handler: Handler) -> None:
-        self.routes.append(Route(method, re.compile(pattern), handler))
-
-    def dispatch(self, req: Request) -> Response:
+    async def endpoint(request: Request) -> Response:
+        request.state.body = await request.body() if method == "POST" else b""
         try:
-            self._check_host(req)
-            if req.method == "POST":
-                self._check_same_origin(req)
-            allowed = []
-            for route in self.routes:
-                match = route.pattern.fullmatch(req.path)
-                if match:
-                    if route.method == req.method:
-                        req.params = match.groupdict()
-                        return route.handler(req)
-                    allowed.append(route.method)
-            raise HttpError(405 if allowed else 404, "method not allowed" if allowed else "not found")
+            return await run_in_threadpool(handler, request)
         except HttpError as exc:
             return json_response({"error": exc.message}, exc.status)
-        except Exception:  # a bug: the page gets a 500 and the console the traceback, the server goes on
-            traceback.print_exc()
+        except Exception:  # a bug: the page gets a 500 and the log the traceback, the server goes on
+            logger.exception("%s %s failed", request.method, request.url.path)
             return json_response({"error": "internal error (see the server's console)"}, 500)
 
-    def _check_host(self, req: Request) -> None:
-        if self.allowed_hosts is not None and (req.headers.get("Host") or "").lower() not in self.allowed_hosts:
-            raise HttpError(421, "unknown Host header: open the address the server printed")
+    return Route(path, endpoint, methods=[method])
 
-    def _check_same_origin(self, req: Request) -> None:
-        origin = req.headers.get("Origin")
-        if origin is not None and origin.lower() != f"http://{(req.headers.get('Host') or '').lower()}":
-            raise HttpError(403, "cross-origin request refused")
-        site = req.headers.get("Sec-Fetch-Site")
+
+def web_app(routes: list[Route], csrf: Callable[[str], str | None] | None = None) -> Starlette:
+    """The app serving ``routes`` and ``/static/NAME`` behind ``Guard`` (and ``CsrfGuard`` with ``csrf``, which
+    maps a POST's path to the token it must carry). ``Server`` sets the Host names it accepts."""
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = {404: "not found", 405: "method not allowed"}.get(status, "request refused")
+        headers = getattr(exc, "headers", None) or {}
+        return JSONResponse({"error": message}, status, headers=headers)
+
+    middleware = [Middleware(Guard)]
+    if csrf is not None:
+        middleware.append(Middleware(CsrfGuard, expected=csrf))
+    statics = route("/static/{name}", lambda req: static_file(req.path_params["name"]))
+    app = Starlette(routes=[*routes, statics], middleware=middleware, exception_handlers={HTTPException: http_error})
+    # Host headers accepted: none until served; then the loopback names of the port served on, or None (any) on
+    # other interfaces, where the names people reach the machine by are unknown and the annotator tokens guard
+    # the pages.
+    app.state.allowed_hosts = set()
+    return app
+
+
+async def _refuse(status: int, message: str, scope: Scope, receive: Receive, send: Send) -> None:
+    await json_response({"error": message}, status)(scope, receive, send)
+
+
+class Guard:
+    """Host allow-list, same-origin and sized POSTs, and the security headers on every response (see the
+    module docstring)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for key, value in SECURITY_HEADERS.items():
+                    headers[key] = value
+                if "cache-control" not in headers:
+                    headers["Cache-Control"] = "no-store"
+            await send(message)
+
+        refused = self.check(scope)
+        if refused is not None:
+            return await _refuse(*refused, scope, receive, send_secured)
+        await self.app(scope, receive, send_secured)
+
+    @staticmethod
+    def check(scope: Scope) -> tuple[int, str] | None:
+        headers = Headers(scope=scope)
+        host = (headers.get("host") or "").lower()
+        allowed = scope["app"].state.allowed_hosts
+        if allowed is not None and host not in allowed:
+            return 421, "unknown Host header: open the address the server printed"
+        if scope["method"] != "POST":
+            return None
+        origin = headers.get("origin")
+        if origin is not None and origin.lower() != f"http://{host}":
+            return 403, "cross-origin request refused"
+        site = headers.get("sec-fetch-site")
         if site is not None and site not in ("same-origin", "none"):
-            raise HttpError(403, "cross-site request refused")
+            return 403, "cross-site request refused"
+        length = headers.get("content-length")
+        if length is None:
+            return 411, "Content-Length required"
+        if not length.isdigit() or int(length) > MAX_BODY:
+            return 413, f"request body over {MAX_BODY} bytes"
+        return None
+
+
+class CsrfGuard:
+    """A POST must carry, in ``X-CSRF-Token``, the token ``expected(path)`` names; where that is None (the path
+    names no page, such as an unknown annotator's link) the route answers."""
+
+    def __init__(self, app: ASGIApp, expected: Callable[[str], str | None]):
+        self.app = app
+        self.expected = expected
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            want = await run_in_threadpool(self.expected, scope["path"])
+            given = Headers(scope=scope).get("x-csrf-token") or ""
+            if want is not None and not hmac.compare_digest(given.encode("latin-1"), want.encode()):
+                return await _refuse(403, "missing or wrong CSRF token: reload the page", scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def is_loopback(host: str) -> bool:
@@ -163,85 +225,38 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_is_any(host: str) -> bool:
+    return host in ("0.0.0.0", "::", "")
+
+
 def _loopback_host_names(port: int) -> set[str]:
     return {f"{name}:{port}" for name in ("localhost", "127.0.0.1", "[::1]")}
 
 
-def _handler_class(app: App, quiet: bool) -> type[BaseHTTPRequestHandler]:
-    class RequestHandler(BaseHTTPRequestHandler):
-        server_version = "rlhfkit"
-        sys_version = ""
-        protocol_version = "HTTP/1.1"
-        timeout = 60  # seconds a connection may sit idle or half-sent before its thread lets it go
-
-        def setup(self) -> None:
-            super().setup()
-            with self.server.connections_lock:
-                self.server.connections.add(self.connection)
-
-        def finish(self) -> None:
-            with self.server.connections_lock:
-                self.server.connections.discard(self.connection)
-            super().finish()
-
-        def do_GET(self) -> None:  # noqa: N802 (the standard library's spelling)
-            self._handle("GET")
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._handle("POST")
-
-        def _handle(self, method: str) -> None:
-            url = urlsplit(self.path)
-            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-            length = self.headers.get("Content-Length")
-            if method == "POST" and length is None:
-                return self._send(json_response({"error": "Content-Length required"}, 411))
-            try:
-                size = int(length or 0)
-            except ValueError:
-                size = -1
-            if size < 0 or size > MAX_BODY:
-                self.close_connection = True
-                return self._send(json_response({"error": f"request body over {MAX_BODY} bytes"}, 413))
-            body = self.rfile.read(size) if size else b""
-            self._send(app.dispatch(Request(method, url.path, query, self.headers, body)))
-
-        def _send(self, resp: Response) -> None:
-            self.send_response(resp.status)
-            self.send_header("Content-Type", resp.content_type)
-            self.send_header("Content-Length", str(len(resp.body)))
-            self.send_header("Content-Security-Policy", CSP)
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Referrer-Policy", "no-referrer")
-            self.send_header("X-Frame-Options", "DENY")
-            self.send_header("Cross-Origin-Resource-Policy", "same-origin")
-            headers = {"Cache-Control": "no-store", **resp.headers}
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.end_headers()
-            self.wfile.write(resp.body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the standard library's name)
-            if not quiet:
-                sys.stderr.write(f"{self.address_string()} {format % args}\n")
-
-    return RequestHandler
-
-
 class Server:
-    """``app`` served on ``host:port`` by threads (one per connection); ``port=0`` picks a free port."""
+    """``app`` served by uvicorn on ``host:port``; ``port=0`` picks a free port. The socket is bound and
+    listening from construction, so a client that connects before serving starts waits instead of failing."""
 
-    def __init__(self, app: App, host: str, port: int, quiet: bool = True):
+    def __init__(self, app: Starlette, host: str, port: int):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self.httpd = ThreadingHTTPServer((host, port), _handler_class(app, quiet))
+            self.socket = socket.create_server((host, port), family=family, backlog=2048)
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-        self.httpd.daemon_threads = True
-        self.httpd.connections = set()  # open client connections, so that stop() ends kept-alive ones too
-        self.httpd.connections_lock = threading.Lock()
         self.host = host
-        self.port = self.httpd.server_address[1]
-        app.allowed_hosts = _loopback_host_names(self.port) if is_loopback(host) else None
+        self.port = self.socket.getsockname()[1]
+        app.state.allowed_hosts = _loopback_host_names(self.port) if is_loopback(host) else None
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,  # rlhfkit's own logging; uvicorn's loggers say only what goes wrong
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,  # nothing stands in front of this server: X-Forwarded-* would be forged
+            server_header=False,
+            timeout_graceful_shutdown=5,  # seconds a request may still run once stopping
+        )
+        self.uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
     def url(self, path: str = "/") -> str:
@@ -250,30 +265,36 @@ class Server:
         return f"http://{host}:{self.port}{path}"
 
     def serve_forever(self) -> None:
+        """Serve in this thread until Ctrl-C (or SIGTERM): open requests are finished, then the signal goes on
+        (Ctrl-C as ``KeyboardInterrupt``); a second Ctrl-C stops at once."""
         try:
-            self.httpd.serve_forever()
+            self.uvicorn.run(sockets=[self.socket])
         finally:
-            self.httpd.server_close()
+            self.socket.close()
 
-    def start(self) -> Server:
-        """Serve in a background thread (tests, notebooks); ``stop`` ends it."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+    def start(self, timeout: float = 30.0) -> Server:
+        """Serve in a background thread (the iterate loop, tests, notebooks) until ``stop``."""
+
+        def serve() -> None:
+            try:
+                self.uvicorn.run(sockets=[self.socket])  # no signal handlers: those belong to the main thread
+            except BaseException:  # a thread's exception would otherwise vanish silently
+                logger.exception("the web server stopped")
+
+        self._thread = threading.Thread(target=serve, name=f"rlhfkit-web-{self.port}", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.uvicorn.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.uvicorn.started:
+            self.stop()
+            raise RuntimeError(f"the web server on port {self.port} did not start")
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        with self.httpd.connections_lock:
-            connections = list(self.httpd.connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        """End serving: kept-alive connections are closed, and the port is free when this returns."""
+        self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join()
-
-
-def host_is_any(host: str) -> bool:
-    return host in ("0.0.0.0", "::", "")
+            self._thread = None
+        self.socket.close()

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import secrets
@@ -22,6 +23,15 @@ from tests.helpers import write_jsonl
 
 XSS_SCRIPT = "<script>window.__pwned = 'script'</script>"
 XSS_IMG = "<img src=x onerror=\"window.__pwned = 'img'\">"
+
+
+def bench_script(name: str):
+    """``bench/NAME.py`` as a module (bench/ is not a package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def candidate_rows(n: int) -> list[dict]:

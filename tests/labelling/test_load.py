@@ -1,23 +1,24 @@
-"""Load and faults: 20 annotators answering at once over HTTP, the server killed (SIGKILL) in the middle and
-started again on the same output folder; every acknowledged answer must be stored exactly once."""
+"""Load and faults: 20 annotators answering at once over HTTP for a few seconds (bench/label_load.py), and the
+server killed (SIGKILL) in the middle and started again on the same output folder; every acknowledged answer
+must be stored exactly once, and exported."""
 
 from __future__ import annotations
 
 import http.client
 import os
-import re
 import secrets
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 
 from tests.helpers import write_jsonl
 
-from .label_helpers import Client, candidate_rows
+from .label_helpers import Client, bench_script, candidate_rows
+
+label_load = bench_script("label_load")  # `rlhfkit label` in its own process, simulated annotators
 
 ANNOTATORS = 20
 PER_ANNOTATOR = 50
@@ -25,19 +26,10 @@ KILL_AFTER = 400  # acknowledged answers before the kill
 
 
 def start_server(data, out, port: int) -> tuple[subprocess.Popen, dict[str, str]]:
-    names = ",".join(f"a{i:02d}" for i in range(ANNOTATORS))
-    cmd = [sys.executable, "-m", "rlhfkit", "label", "--output-dir", str(out), "--port", str(port)]
-    cmd += ["--data", str(data), "--annotators", names]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    urls = {}
-    for line in proc.stdout:
-        if m := re.match(r"\s+(a\d+): (http://\S+)", line):
-            urls[m.group(1)] = m.group(2)
-        if line.startswith("stop with"):
-            break
-    assert len(urls) == ANNOTATORS, f"server did not start: {line}"
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
-    return proc, urls
+    """`rlhfkit label` in its own process on ``port``; it and {annotator: page URL} once it serves."""
+    names = [f"a{i:02d}" for i in range(ANNOTATORS)]
+    proc, pages = label_load.start_server(data, out, port, names, subprocess.DEVNULL)
+    return proc, {name: f"http://127.0.0.1:{port}{page}" for name, page in pages.items()}
 
 
 def annotate(url: str, acked: list[str], counter: Counter, lock: threading.Lock, deadline: float) -> None:
@@ -68,8 +60,8 @@ def annotate(url: str, acked: list[str], counter: Counter, lock: threading.Lock,
 def test_concurrent_annotators_survive_a_kill_and_restart(tmp_path):
     data = write_jsonl(tmp_path / "candidates.jsonl", candidate_rows(ANNOTATORS * PER_ANNOTATOR + 100))
     out = tmp_path / "out"
-    proc, urls = start_server(data, out, 0)
-    port = int(urls["a00"].split(":")[2].split("/")[0])
+    port = label_load.free_port()
+    proc, urls = start_server(data, out, port)
     acked = {name: [] for name in urls}
     counter, lock = Counter(), threading.Lock()
     started = time.monotonic()
@@ -106,3 +98,15 @@ def test_concurrent_annotators_survive_a_kill_and_restart(tmp_path):
     assert max(per_item.values()) == 1  # one label per pair: no two annotators were given the same pair
     assert Counter(name for _, name, _ in stored) == {name: PER_ANNOTATOR for name in urls}
     print(f"{len(all_acked)} acknowledged, {len(stored)} stored, killed after {acked_at_kill}, {seconds:.1f} s")
+
+
+def test_twenty_annotators_for_a_few_seconds_lose_nothing(tmp_path):
+    """bench/label_load.py's run, short: every acknowledged label is in the export, nothing failed, and Ctrl-C
+    stopped the server cleanly."""
+    result = label_load.run_load(annotators=20, seconds=3.0, pairs=3000, work=tmp_path)
+    assert result["errors"] == 0, result["error_messages"]
+    assert result["missing"] == 0 and result["extra"] == 0
+    assert result["labels"] >= 100 and result["ran_out_of_pairs"] == 0
+    assert result["p50_ms"] is not None and result["p99_ms"] >= result["p50_ms"]
+    assert result["server_exit_code"] == 130  # stopped by SIGINT, as after Ctrl-C
+    assert len((tmp_path / "labels" / "prefs.jsonl").read_text().splitlines()) == result["labels"]

@@ -1,0 +1,280 @@
+"""Load test of the labelling page: simulated annotators labelling at once over HTTP, then the export checked.
+
+    .venv/bin/python bench/label_load.py [--annotators 20] [--seconds 60] [--pairs 20000] [--out FILE.json]
+
+`rlhfkit label` runs as people run it, in its own process (`python -m rlhfkit label`, loopback, a free port), on
+a new store in a temporary folder filled from --pairs candidate rows. --annotators threads (named a00, a01, ...)
+each play one person's page: load the page (its CSRF token), fetch the state, then until --seconds have passed
+post a judgment of the pair shown (A or B at random, sometimes with a strength) with the headers the page's
+script sends, taking the next pair from the answer, over one kept-alive connection, without pauses. A response
+other than 200 or a failed connection is an error. Then the server is stopped with Ctrl-C (SIGINT), the labels are
+exported with `rlhfkit label --export`, and every acknowledged judgment (annotator, prompt, chosen, rejected) must
+be in prefs.jsonl exactly once: "missing" counts acknowledged judgments the export lacks, "extra" exported rows no
+annotator was told were saved.
+
+Printed: annotators, labels acknowledged, labels/s, the judgment requests' latency (p50, p99, ms; from sending to
+the answer read), errors, missing. The run, with its stamp (bench/stamp.py) and this command, is merged into --out
+(default bench/reported/label_load.json) under its machine and commit (bench/results_file.py). tests/labelling
+runs `run_load` for a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import secrets
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+DEFAULTS = {"annotators": 20, "seconds": 60.0, "pairs": 20000}
+STRENGTHS = (None, None, "slightly", "clearly", "much")
+
+
+def candidate_rows(n: int) -> list[dict]:
+    """n candidate rows of two responses each; every prompt differs, so a prompt names its pair."""
+    return [
+        {
+            "prompt": f"Customer {i}: my order is late.\nAgent:",
+            "responses": [f" sorry, order {i} ships today", f" wait {i}"],
+        }
+        for i in range(n)
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(data: Path, out: Path, port: int, names: list[str], log) -> tuple[subprocess.Popen, dict[str, str]]:
+    """`rlhfkit label` in its own process; returns it and {annotator: page URL} once it accepts connections (the
+    tokens are read from the store, which exists before the port is opened)."""
+    cmd = [sys.executable, "-m", "rlhfkit", "label", "--data", str(data), "--output-dir", str(out)]
+    cmd += ["--port", str(port), "--annotators", ",".join(names)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"`rlhfkit label` exited with status {proc.returncode} before serving")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("`rlhfkit label` did not open its port within 120 s") from None
+            time.sleep(0.05)
+    db = sqlite3.connect(out / "labels.sqlite")
+    try:
+        tokens = dict(db.execute("SELECT name, token FROM annotators").fetchall())
+    finally:
+        db.close()
+    return proc, {name: f"/a/{tokens[name]}" for name in names}
+
+
+class Annotator(threading.Thread):
+    """One person's page over one kept-alive connection, labelling without pause until ``deadline``."""
+
+    def __init__(self, name: str, port: int, page: str, deadline: float, seed: int):
+        super().__init__(name=f"annotator-{name}", daemon=True)
+        self.annotator, self.port, self.page, self.deadline = name, port, page, deadline
+        self.token = page.rsplit("/", 1)[1]
+        self.rng = random.Random(seed)
+        self.conn: http.client.HTTPConnection | None = None
+        self.csrf = ""
+        self.acked: list[tuple[str, str, str, str]] = []  # (annotator, prompt, chosen, rejected)
+        self.latencies: list[float] = []  # seconds per judgment request
+        self.errors: list[str] = []
+        self.ran_out = False
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        origin = f"http://127.0.0.1:{self.port}"
+        headers = {"Sec-Fetch-Site": "same-origin"}
+        data = None
+        if body is not None:  # what the page's fetch() sends
+            data = json.dumps(body).encode()
+            headers.update({"Content-Type": "application/json", "X-CSRF-Token": self.csrf, "Origin": origin})
+        try:
+            self.conn.request(method, path, body=data, headers=headers)
+            resp = self.conn.getresponse()
+            return resp.status, resp.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = None
+            raise
+
+    def run(self) -> None:
+        try:
+            self.label()
+        except Exception as exc:  # an error ends this annotator; the run reports it
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+
+    def label(self) -> None:
+        status, html = self.request("GET", self.page)
+        if status != 200:
+            self.errors.append(f"GET page: {status}")
+            return
+        self.csrf = re.search(rb'name="csrf-token" content="([0-9a-f]+)"', html).group(1).decode()
+        status, body = self.request("GET", f"/api/{self.token}/state")
+        if status != 200:
+            self.errors.append(f"GET state: {status} {body[:200]!r}")
+            return
+        state = json.loads(body)
+        while time.monotonic() < self.deadline:
+            item = state["item"]
+            if item is None:
+                self.ran_out = True
+                return
+            choice = self.rng.choice(["a", "b"])
+            judgment = {"request_id": secrets.token_hex(12), "item_id": item["id"], "choice": choice}
+            strength = self.rng.choice(STRENGTHS)
+            if strength:
+                judgment["strength"] = strength
+            started = time.perf_counter()
+            status, body = self.request("POST", f"/api/{self.token}/judge", judgment)
+            self.latencies.append(time.perf_counter() - started)
+            if status != 200:
+                self.errors.append(f"POST judge: {status} {body[:200]!r}")
+                return
+            answer = json.loads(body)
+            chosen, rejected = (item["a"], item["b"]) if choice == "a" else (item["b"], item["a"])
+            self.acked.append((self.annotator, item["prompt"], chosen, rejected))
+            state = answer["state"]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def exported_rows(out: Path) -> list[tuple[str, str, str, str]]:
+    """`rlhfkit label --output-dir OUT --export`, in this process; prefs.jsonl's rows as acknowledged ones."""
+    from rlhfkit.config.pages import LabelConfig
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.labelling.app import run
+
+    cfg, _ = parse_config("rlhfkit label", LabelConfig, ["--output-dir", str(out), "--export"])
+    paths = run(cfg)
+    rows = [json.loads(line) for line in paths["prefs.jsonl"].read_text(encoding="utf-8").splitlines() if line]
+    return [(r["annotator"], r["prompt"], r["chosen"], r["rejected"]) for r in rows]
+
+
+def run_load(annotators: int = 20, seconds: float = 60.0, pairs: int = 20000, work: Path | None = None) -> dict:
+    """The load test (see the module docstring) in ``work`` (a temporary folder when None); its figures."""
+    if work is None:
+        with tempfile.TemporaryDirectory(prefix="label_load_") as tmp:
+            return run_load(annotators, seconds, pairs, Path(tmp))
+    data = work / "candidates.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in candidate_rows(pairs)), encoding="utf-8")
+    out, port = work / "labels", free_port()
+    names = [f"a{i:02d}" for i in range(annotators)]
+    with open(work / "server.log", "wb") as log:
+        proc, pages = start_server(data, out, port, names, log)
+        try:
+            started = time.monotonic()
+            threads = [Annotator(name, port, pages[name], started + seconds, seed=i) for i, name in enumerate(names)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=seconds + 120)
+            elapsed = time.monotonic() - started
+            stopping = time.monotonic()
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            exit_code = proc.wait(timeout=60)
+            shutdown = time.monotonic() - stopping
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    acked = Counter(row for t in threads for row in t.acked)
+    exported = Counter(exported_rows(out))
+    latencies = [x for t in threads for x in t.latencies]
+    errors = [f"{t.annotator}: {e}" for t in threads for e in t.errors]
+    errors += [f"{t.annotator}: still running after the deadline" for t in threads if t.is_alive()]
+    labels = sum(acked.values())
+    return {
+        "annotators": annotators,
+        "pairs": pairs,
+        "seconds": round(elapsed, 2),
+        "labels": labels,
+        "labels_per_s": round(labels / elapsed, 1),
+        "p50_ms": None if not latencies else round(percentile(latencies, 50) * 1000, 1),
+        "p99_ms": None if not latencies else round(percentile(latencies, 99) * 1000, 1),
+        "errors": len(errors),
+        "error_messages": errors[:10],
+        "missing": sum((acked - exported).values()),
+        "extra": sum((exported - acked).values()),
+        "ran_out_of_pairs": sum(t.ran_out for t in threads),
+        "server_exit_code": exit_code,  # 130: stopped by Ctrl-C, as `rlhfkit label` reports it
+        "shutdown_s": round(shutdown, 2),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def table(r: dict) -> str:
+    ms = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+    lines = [
+        "| annotators | seconds | labels | labels/s | p50 ms | p99 ms | errors | missing |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {r['annotators']} | {r['seconds']:.1f} | {r['labels']} | {r['labels_per_s']:.1f} | {ms(r['p50_ms'])} | "
+        f"{ms(r['p99_ms'])} | {r['errors']} | {r['missing']} |",
+    ]
+    notes = []
+    if r["extra"]:
+        notes.append(f"{r['extra']} exported row(s) never acknowledged")
+    if r["ran_out_of_pairs"]:
+        notes.append(f"{r['ran_out_of_pairs']} annotator(s) ran out of pairs (raise --pairs)")
+    notes += r["error_messages"]
+    notes.append(f"server stopped by Ctrl-C in {r['shutdown_s']:.2f} s, exit status {r['server_exit_code']}")
+    return "\n".join(lines + notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(BENCH))
+    import results_file
+    from stamp import Stamp, summary
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--annotators", type=int, default=DEFAULTS["annotators"])
+    parser.add_argument("--seconds", type=float, default=DEFAULTS["seconds"])
+    parser.add_argument("--pairs", type=int, default=DEFAULTS["pairs"], help="candidate pairs in the store")
+    parser.add_argument("--out", default=str(BENCH / "reported" / "label_load.json"))
+    args = results_file.parse_or_report(parser, argv, lambda run: print(table(run["results"])))
+    if args is None:
+        return 0
+    stamp = Stamp()
+    result = run_load(args.annotators, args.seconds, args.pairs)
+    record = stamp.record()
+    print(table(result))
+    print(summary(record))
+    command = " ".join(["bench/label_load.py", *(sys.argv[1:] if argv is None else argv)])
+    run = {"stamp": record, "command": command, "args": vars(args), "results": result}
+    key = results_file.run_key(record["commit"], vars(args), DEFAULTS)
+    results_file.merge(Path(args.out), "label_load", results_file.machine_key(record), key, run)
+    return 0 if result["errors"] == 0 and result["missing"] == 0 and result["extra"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,9 @@ dataclasses in ``rlhfkit.config``. A ready config instance may be passed instead
 optionally with keyword overrides.
 
 A call is as quiet as the command line: transformers' warnings and progress bars are silenced while it runs,
-and the caller's transformers logging settings are restored when it returns.
+and the caller's transformers logging settings are restored when it returns. What the command reports (a
+round's accuracy, the files written) goes to the ``rlhfkit`` logger; where the program has not set up logging
+itself, a call shows those messages at INFO on stderr, as the command line does, and nothing below INFO.
 
 ``data`` and ``eval_data`` may be a path or a list of dicts in the data formats the commands read. In-memory
 rows are written to ``OUTPUT_DIR/inputs/<option>.jsonl`` first (for ``generate``, ``score`` and ``evaluate``,
@@ -35,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from rlhfkit.commands import COMMANDS, execute, launched_world
+from rlhfkit.commands import COMMANDS, execute, launched_world, messages_shown
 from rlhfkit.config.parse import build_config, flat_dict
 from rlhfkit.errors import UserError, spelling
 from rlhfkit.training.session import check_output_dir
@@ -120,7 +122,7 @@ def _run(command: str, config: Any = None, /, **options: Any) -> tuple[Any, dict
     """Build the config of ``command`` from ``config`` and/or keyword options and run it, quietly and with
     errors naming options as keywords; returns what the command returned and the resolved options (flat, by
     name)."""
-    with spelling("keyword"), _quiet_transformers():
+    with spelling("keyword"), _quiet_transformers(), messages_shown(unless_configured=True):
         return _build_and_execute(command, config, **options)
 
 

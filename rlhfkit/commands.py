@@ -4,16 +4,26 @@ stages of ``rlhfkit iterate`` and ``rlhfkit demo`` all run commands through here
 
 A command's entry point is named as ``"module:function"`` and imported only when the command runs: the
 trainers, transformers and the web pages load for the command that needs them, not for ``--help``.
+
+Library modules report what a command is doing through ``logging.getLogger(__name__)``, under the ``rlhfkit``
+logger. ``messages_shown`` shows those messages on stderr as short lines for a command's length: the command
+line always (INFO, DEBUG with ``--debug``), the Python API where the program has not set up logging itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import os
 import signal
+import sys
 import threading
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 from rlhfkit import accel
 from rlhfkit.config import commands as c
@@ -147,3 +157,49 @@ def launched_rank() -> int:
 def launched_world() -> int:
     """The number of processes a launcher started; 1 when run alone."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+class _Stderr(logging.Handler):
+    """Writes each record as one short line to the ``sys.stderr`` of the moment, through tqdm, so that an open
+    progress bar is redrawn below the line rather than broken by it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+class _Short(logging.Formatter):
+    """INFO as the bare message; warnings and errors with their level in front; DEBUG with the module's name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        if record.levelno >= logging.WARNING:
+            return f"{record.levelname.lower()}: {text}"
+        if record.levelno < logging.INFO:
+            return f"[{record.name}] {text}"
+        return text
+
+
+@contextlib.contextmanager
+def messages_shown(level: int = logging.INFO, *, unless_configured: bool = False) -> Iterator[None]:
+    """Show the ``rlhfkit`` logger's messages from ``level`` up on stderr while the block runs; the logger's
+    level and handlers are put back afterwards. ``unless_configured``: leave logging alone where the program
+    set it up itself (a handler on the root or the ``rlhfkit`` logger, or a level on the latter)."""
+    logger = logging.getLogger("rlhfkit")
+    if unless_configured and (logger.handlers or logging.getLogger().handlers or logger.level != logging.NOTSET):
+        yield
+        return
+    handler = _Stderr()
+    handler.setFormatter(_Short())
+    before = logger.level
+    logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)

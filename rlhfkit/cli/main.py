@@ -1,7 +1,8 @@
 """`rlhfkit COMMAND [--config FILE.yaml] [--option value ...]`: the command line over ``rlhfkit.commands``.
 
-Here are what only the command line has: reading argv, the usage and version lines, the libraries' chatter
-silenced, and errors printed as one line with an exit status. The commands themselves (their configs, entry
+Here is what only the command line has: reading argv, the usage and version lines, the libraries' chatter
+silenced, rlhfkit's log messages shown on stderr (INFO; DEBUG with ``--debug``), and errors printed as one line
+with an exit status. The commands themselves (their configs, entry
 points and ``execute``) are ``rlhfkit.commands``.
 """
 
@@ -17,7 +18,7 @@ from importlib import metadata
 import torch.distributed as dist
 
 from rlhfkit import __version__
-from rlhfkit.commands import COMMANDS, Command, execute, launched_rank, launched_world, run_command
+from rlhfkit.commands import COMMANDS, Command, execute, launched_rank, launched_world, messages_shown, run_command
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import Preempted, UserError
 
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, debug = parse_config(f"rlhfkit {name}", command.config, rest, command.summary)
         _quiet_libraries(debug)
-        execute(name, config)
+        # the main process tells what it does; the others of a launcher's job only what went wrong
+        level = logging.DEBUG if debug else logging.INFO if launched_rank() == 0 else logging.WARNING
+        with messages_shown(level):
+            execute(name, config)
         _close_process_group()
     except Preempted as exc:
         if launched_rank() == 0:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import time
 from pathlib import Path
@@ -58,6 +59,8 @@ from rlhfkit.iterated.online_dpo import OnlineDPO
 from rlhfkit.iterated.reward_models import RewardModels
 from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, last_mean, metrics_rows
 from rlhfkit.training.runtime import pick_device
+
+logger = logging.getLogger(__name__)
 
 
 def usable(row: dict) -> bool:
@@ -130,10 +133,9 @@ class Iteration:
             pairs = [(a, other[0]) for (a, _), other in zip(pairs, others)]
             record["sampled_from"] = [policy, healthy]
             record["similar_pairs_after"] = round(similar_share(pairs), 4)
-            print(
+            logger.info(
                 f"round {round_k}: the policy has collapsed ({similar:.0%} of its pairs near-identical, "
-                f"{baseline:.0%} at the start); each pair's second reply comes from {healthy}",
-                flush=True,
+                f"{baseline:.0%} at the start); each pair's second reply comes from {healthy}"
             )
         rows = [
             {"prompt": ex.prompt, "responses": [a, b], **{k: v for k, v in ex.extra.items() if k != "responses"}}
@@ -312,10 +314,9 @@ class Iteration:
                 # reward model, not a policy that outran it
                 if k > 1 and it.rm_trust and accuracy is not None and accuracy < it.rm_trust and kl_coef > 0:
                     kl_coef *= 2
-                    print(
+                    logger.info(
                         f"round {k}: the reward model ranked the policy's new pairs at {accuracy:.3f}, under "
-                        f"{option('rm_trust')} {it.rm_trust:g}: the policy outran it; KL coefficient now {kl_coef:g}",
-                        flush=True,
+                        f"{option('rm_trust')} {it.rm_trust:g}: the policy outran it; KL coefficient now {kl_coef:g}"
                     )
                 # 5. PPO continued from the last policy and value model, against the new reward model
                 ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k, kl_coef)
@@ -346,7 +347,7 @@ class Iteration:
         copy_model(Path(policy), self.out / "final")
         summary = _summary(records, first_rm, first_seconds)
         write_json(self.out / "summary.json", summary)
-        print(f"final policy saved to {(self.out / 'final').resolve()}", flush=True)
+        logger.info(f"final policy saved to {(self.out / 'final').resolve()}")
         return summary
 
 

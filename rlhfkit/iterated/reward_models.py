@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ from rlhfkit.iterated.models import pair_accuracy
 from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, run_args
 from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.trainers import rm
+
+logger = logging.getLogger(__name__)
 
 MIN_HELDOUT_NOTE = 8  # held-out pairs from which an unmoved accuracy is worth a line (on fewer it is often chance)
 
@@ -158,24 +161,22 @@ class RewardModels:
         write_jsonl(round_dir / "heldout.jsonl", held)
         before, held_before = accuracy(reward_model, prefs), accuracy(reward_model, held)
         shown = "-" if before is None else f"{before:.3f}"
-        print(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}", flush=True)
+        logger.info(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}")
         data = round_dir / "rm_data.jsonl"
         write_jsonl(data, offline + collected + trained)
         updated = clock("rm", lambda: self.update(reward_model, data, round_dir / "rm", k))
         held_after = accuracy(updated, held)
         if held:
-            print(
+            logger.info(
                 f"round {k}: the reward model's accuracy on {len(held)} held-out new pairs {held_before:.3f} before "
-                f"its update, {held_after:.3f} after",
-                flush=True,
+                f"its update, {held_after:.3f} after"
             )
         if len(held) >= MIN_HELDOUT_NOTE and it.rm_steps and held_after == held_before:
             rate, _, _ = self.settings(reward_model)
-            print(
+            logger.warning(
                 f"round {k}: the reward model's update left its accuracy on the {len(held)} held-out pairs at "
                 f"{held_before:.3f}: its learning rate ({rate:g}, {option('rm_learning_rate')}) or "
-                f"{option('rm_steps')} ({it.rm_steps}) may be too small to move it",
-                flush=True,
+                f"{option('rm_steps')} ({it.rm_steps}) may be too small to move it"
             )
         return updated, {
             "rm_accuracy_new_pairs": before,

@@ -13,6 +13,7 @@ For each prompt, with one principle drawn at random (seeded):
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from rlhfkit.models.sampling import decode, sample_responses
 from rlhfkit.training.runtime import pick_device, seed_everything
 
 COMMAND = "rlhfkit revise"
+logger = logging.getLogger(__name__)
 
 
 def _completion(prompt: Text, text: str) -> Text:
@@ -110,7 +112,7 @@ def run(cfg: ReviseConfig) -> dict:
     write_jsonl(out / "pairs.jsonl", pairs)
     write_jsonl(out / "revisions.jsonl", record)
     write_json(out / "report.json", report)
-    print(f"wrote {len(sft)} revisions to {out / 'sft.jsonl'} and {len(pairs)} pairs to {out / 'pairs.jsonl'}")
+    logger.info(f"wrote {len(sft)} revisions to {out / 'sft.jsonl'} and {len(pairs)} pairs to {out / 'pairs.jsonl'}")
     return report
 
 

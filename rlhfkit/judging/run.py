@@ -7,6 +7,8 @@ OUT/report.json       pairs, ties, order consistency, confidence; with --referen
 
 from __future__ import annotations
 
+import io
+import logging
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from rlhfkit.judging.pairs import load_pairs, load_reference
 from rlhfkit.judging.prompts import read_principles
 
 COMMAND = "rlhfkit judge"
+logger = logging.getLogger(__name__)
 
 
 def run(cfg: JudgeConfig) -> dict:
@@ -95,8 +98,8 @@ def run(cfg: JudgeConfig) -> dict:
     write_jsonl(out / "prefs.jsonl", prefs)
     write_jsonl(out / "judgments.jsonl", judgments)
     write_json(out / "report.json", report)
-    print_report(report)
-    print(f"wrote {len(prefs)} judged pairs to {out / 'prefs.jsonl'}")
+    logger.info(report_text(report))
+    logger.info(f"wrote {len(prefs)} judged pairs to {out / 'prefs.jsonl'}")
     return report
 
 
@@ -104,9 +107,9 @@ def _number(value, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def print_report(report: dict) -> None:
+def report_text(report: dict) -> str:
     """The report as one table, the principles above it."""
-    console = Console(highlight=False)
+    console = Console(file=io.StringIO(), width=100, highlight=False, color_system=None)
     console.print("principles:\n" + "\n".join(f"  - {p}" for p in report["principles"]), markup=False)
     table = Table(title=f"judge: {report['model']}", title_justify="left")
     table.add_column("measure")
@@ -134,3 +137,4 @@ def print_report(report: dict) -> None:
     for name, value in rows:
         table.add_row(name, _number(value))
     console.print(table)
+    return console.file.getvalue().rstrip("\n")

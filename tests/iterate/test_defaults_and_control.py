@@ -5,6 +5,7 @@ it was trained with, a collapsed policy is detected and its round still gets pai
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def test_a_reward_model_continues_at_the_rate_it_was_trained_at(two_rounds, iter
     assert moved["default"] > 10 * moved["small"], moved
 
 
-def test_an_update_that_leaves_held_out_accuracy_unmoved_says_so(two_rounds, iterate_task, tmp_path, capsys):
+def test_an_update_that_leaves_held_out_accuracy_unmoved_says_so(two_rounds, iterate_task, tmp_path, caplog):
     t = iterate_task
     flags = {**SMALL, "pairs_per_round": 64, "max_steps": 1, "rm_steps": 1, "rm_learning_rate": 1e-12}
     rlhfkit.iterate(
@@ -62,7 +63,8 @@ def test_an_update_that_leaves_held_out_accuracy_unmoved_says_so(two_rounds, ite
     record = json.loads((tmp_path / "out" / "round-1" / "round.json").read_text())
     assert record["heldout_pairs"] >= 8
     assert record["rm_accuracy_heldout_before"] == record["rm_accuracy_heldout_after"]
-    assert "left its accuracy on the" in capsys.readouterr().out
+    warned = [r for r in caplog.records if "left its accuracy on the" in r.getMessage()]
+    assert [r.levelno for r in warned] == [logging.WARNING] and warned[0].name == "rlhfkit.iterated.reward_models"
 
 
 def test_split_heldout_is_seeded_and_keeps_order():
@@ -105,8 +107,9 @@ def test_a_collapsed_round_is_detected_and_its_pairs_still_differ(
     iterate_task,
     collapsed_policy,
     tmp_path,
-    capsys,
+    caplog,
 ):
+    caplog.set_level(logging.INFO, logger="rlhfkit")
     # Round 1 finished with a policy that collapsed onto one reply; round 2 must see it and pair that reply with
     # the last healthy policy's (round 1's start, the SFT model), so its labels are not coin flips on equal pairs.
     out = tmp_path / "out"
@@ -131,7 +134,7 @@ def test_a_collapsed_round_is_detected_and_its_pairs_still_differ(
     assert record["unusable"] < 0.5 * record["pairs"] and record["labels"] > 0
     for row in read_jsonl(out / "round-2" / "pairs.jsonl"):  # the judge told the collapsed reply from the others
         assert "thanks" in row["chosen"] and "thanks" not in row["rejected"]
-    assert "the policy has collapsed" in capsys.readouterr().out
+    assert any("the policy has collapsed" in r.getMessage() for r in caplog.records)
     assert json.loads((out / "summary.json").read_text())["totals"]["collapsed_rounds"] == 1
 
 
@@ -158,8 +161,9 @@ def test_online_dpo_learns_from_the_judge(iterate_task, tmp_path):
 
 
 def test_a_policy_that_outruns_its_reward_model_gets_a_larger_kl_coefficient(
-    two_rounds, iterate_task, tmp_path, capsys
+    two_rounds, iterate_task, tmp_path, caplog
 ):
+    caplog.set_level(logging.INFO, logger="rlhfkit")
     # A judge that prefers the shorter reply, which the reward model (trained on 'thanks') does not rank perfectly:
     # with --rm-trust 1 every round from round 2 on is under it and doubles the KL coefficient of its PPO.
     t = iterate_task
@@ -181,7 +185,7 @@ def test_a_policy_that_outruns_its_reward_model_gets_a_larger_kl_coefficient(
         0.1,
         0.2,
     ]
-    assert capsys.readouterr().out.count("the policy outran it") == 2
+    assert sum("the policy outran it" in r.getMessage() for r in caplog.records) == 2
     off = tmp_path / "off"
     rlhfkit.iterate(
         model=t["sft"], reward_model=str(two_rounds / "round-0" / "rm"), data=t["prompts"], output_dir=str(off),

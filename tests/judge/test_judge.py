@@ -84,7 +84,7 @@ def test_a_judge_biased_to_the_first_slot_ends_with_every_pair_a_tie(length_judg
 
     monkeypatch.setattr(judge_model, "first_label_probabilities", always_first)
     write_jsonl(tmp_path / "pairs.jsonl", candidate_rows(10, seed=7))
-    code, out, _ = run_cli(
+    code, _, err = run_cli(
         capsys, "judge", "--model", length_judge["model"], "--data", tmp_path / "pairs.jsonl",
         "--output-dir", tmp_path / "out", "--principles", length_judge["principles"], "--progress", "false",
     )  # fmt: skip
@@ -92,7 +92,8 @@ def test_a_judge_biased_to_the_first_slot_ends_with_every_pair_a_tie(length_judg
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["ties"] == 10 and report["judged"] == 0 and report["first_slot_rate"] == 1.0
     assert read_jsonl(tmp_path / "out" / "prefs.jsonl") == []
-    assert "order-consistent" in out and "ties" in out  # the printed table
+    assert "order-consistent" in err and "ties" in err  # the report's table, on stderr as the run's messages
+    assert f"wrote 0 judged pairs to {tmp_path / 'out' / 'prefs.jsonl'}" in err
 
 
 def test_the_figures_against_hand_worked_values():

@@ -394,7 +394,7 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert main(["demo", *flags, "--resume"]) == 0
     took = time.perf_counter() - start
     printed = capsys.readouterr()
-    assert "round 2:" in printed.out and "round 1:" not in printed.out  # round 1 is not redone
+    assert "round 2:" in printed.err and "round 1:" not in printed.err  # round 1 is not redone
     assert "of it by an earlier run" in printed.err
     resumed = json.loads((out / "summary.json").read_text())
     assert round(done_before, 1) <= resumed["stage_seconds"]["iterated PPO"] <= round(done_before, 1) + took

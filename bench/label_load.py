@@ -1,6 +1,6 @@
 """Load test of the labelling page: simulated annotators labelling at once over HTTP, then the export checked.
 
-    .venv/bin/python bench/label_load.py [--annotators 20] [--seconds 60] [--pairs 20000] [--out FILE.json]
+    .venv/bin/python bench/label_load.py [--annotators 20] [--seconds 60] [--pairs 40000] [--out FILE.json]
 
 `rlhfkit label` runs as people run it, in its own process (`python -m rlhfkit label`, loopback, a free port), on
 a new store in a temporary folder filled from --pairs candidate rows. --annotators threads (named a00, a01, ...)
@@ -40,7 +40,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-DEFAULTS = {"annotators": 20, "seconds": 60.0, "pairs": 20000}
+DEFAULTS = {"annotators": 20, "seconds": 60.0, "pairs": 40000}
 STRENGTHS = (None, None, "slightly", "clearly", "much")
 
 
@@ -181,7 +181,7 @@ def exported_rows(out: Path) -> list[tuple[str, str, str, str]]:
     return [(r["annotator"], r["prompt"], r["chosen"], r["rejected"]) for r in rows]
 
 
-def run_load(annotators: int = 20, seconds: float = 60.0, pairs: int = 20000, work: Path | None = None) -> dict:
+def run_load(annotators: int = 20, seconds: float = 60.0, pairs: int = 40000, work: Path | None = None) -> dict:
     """The load test (see the module docstring) in ``work`` (a temporary folder when None); its figures."""
     if work is None:
         with tempfile.TemporaryDirectory(prefix="label_load_") as tmp:

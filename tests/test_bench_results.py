@@ -54,6 +54,7 @@ def test_every_run_is_filed_under_its_stamp():
         "grpo_vs_trl.json",
         "iterate_tasks.json",
         "judge.json",
+        "label_load.json",
         "loss_aggregation.json",
         "ppo_vs_trl.json",
         "profile_ppo.json",

@@ -5,6 +5,7 @@ real browser."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -39,7 +40,8 @@ def label_some(db_path, annotator: str, n: int, choice=lambda a, b: "a" if "than
         store.close()
 
 
-def test_a_round_waits_for_its_labels_and_a_restart_keeps_them(tmp_path):
+def test_a_round_waits_for_its_labels_and_a_restart_keeps_them(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="rlhfkit.iterated.human")
     round_dir = tmp_path / "round-1"
     round_dir.mkdir()
     candidates = write_jsonl(tmp_path / "to_label.jsonl", candidate_rows(6))
@@ -53,7 +55,12 @@ def test_a_round_waits_for_its_labels_and_a_restart_keeps_them(tmp_path):
     with pytest.raises(Stop):
         first.label(round_dir, candidates, min_labels=0, on_wait=stop_after_two)
     tokens = json.loads((tmp_path / TOKENS_FILE).read_text())
+    port = first.server.port
     first.close()
+    logged = [r.getMessage() for r in caplog.records]  # what the person running iterate is shown
+    assert f"  alice: http://127.0.0.1:{port}/a/{tokens['alice']}" in logged
+    assert f"  bob: http://127.0.0.1:{port}/a/{tokens['bob']}" in logged
+    assert "round-1: 6 pairs to label on the page (0 labelled so far)" in logged
 
     # the restart: the same store, the two labels and both links kept; bob labels the rest
     again = HumanJudge(tmp_path, ["alice", "bob"], 1, "127.0.0.1", 0, poll=0.01)

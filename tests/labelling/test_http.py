@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.request
 
 import pytest
 
 from rlhfkit.errors import UserError
-from rlhfkit.labelling.app import start
+from rlhfkit.labelling.app import run, start
 from tests.helpers import run_cli, write_jsonl
 
 from .label_helpers import Client, candidate_rows, label_config, serve
@@ -145,3 +146,17 @@ def test_the_guidelines_are_one_click_away_and_rendered_safely(tmp_path):
         assert re.search(r'<a class="link-button"[^>]* hidden>Guidelines</a>', page)
     finally:
         bare.stop()
+
+
+def test_the_export_names_each_file_it_wrote_in_the_log(tmp_path, caplog):
+    running = serve(tmp_path, candidate_rows(3), "--annotators", "alice")
+    client = Client(running.url("alice"))
+    client.load_page()
+    assert client.judge("a")[0] == 200
+    running.stop()
+    out = tmp_path / "out"
+    with caplog.at_level(logging.INFO, logger="rlhfkit.labelling.app"):
+        paths = run(label_config(["--output-dir", str(out), "--export"]))
+    assert sorted(paths) == ["agreement.json", "prefs.jsonl", "ties.jsonl"]
+    assert [r.getMessage() for r in caplog.records] == [f"wrote {path}" for path in paths.values()]
+    assert len((out / "prefs.jsonl").read_text().splitlines()) == 1

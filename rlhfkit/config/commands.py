@@ -17,6 +17,11 @@ from rlhfkit.config.online import GRPOConfig, PPOConfig, RLOOConfig  # noqa: F40
 from rlhfkit.config.pages import LabelConfig, ViewConfig  # noqa: F401
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError, option
+from rlhfkit.ops.losses import DPO_LOSS_TYPES
+
+DPOLossType = Literal[DPO_LOSS_TYPES]
+Arch = Literal["gpt2", "llama"]  # the architectures and sizes rlhfkit.models.init_model builds (init-model, demo)
+ModelSize = Literal["tiny", "small"]
 
 
 @dataclass
@@ -26,9 +31,9 @@ class InitModelConfig:
     """Directory to write the model and tokenizer to."""
     corpus: str = ""
     """Text file (or JSONL: every string value is used) to train the BPE tokenizer on."""
-    arch: Literal["gpt2", "llama"] = "gpt2"
+    arch: Arch = "gpt2"
     """Model architecture."""
-    size: Literal["tiny", "small"] = "tiny"
+    size: ModelSize = "tiny"
     """Model size: tiny has 0.24M parameters (gpt2) or 0.27M (llama), small 8.7M (gpt2) or 10.4M (llama), at the
     default vocabulary size; a smaller vocabulary (--vocab-size, or a corpus too small to fill it) gives fewer."""
     vocab_size: int = 0
@@ -86,7 +91,7 @@ class RMConfig:
 class DPOArgs:
     beta: float = 0.1
     """DPO beta: strength of the implicit KL constraint to the reference."""
-    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+    loss_type: DPOLossType = "sigmoid"
     """sigmoid: DPO (Rafailov et al. 2023); ipo: squared loss (Azar et al. 2023)."""
     label_smoothing: float = 0.0
     """Conservative DPO: assumed probability that a preference label is flipped (sigmoid loss only)."""
@@ -234,9 +239,9 @@ class DemoConfig:
     """A pretrained causal LM (a Hugging Face folder or a .gguf file) to run the support task on instead of the
     built-in small model: its chat template formats the prompts, the stages are sized for it (LoRA on the
     policy stages above 50M parameters), and --arch / --size are not used."""
-    arch: Literal["gpt2", "llama"] = "gpt2"
+    arch: Arch = "gpt2"
     """Architecture of the small model the demo trains."""
-    size: Literal["tiny", "small"] = "tiny"
+    size: ModelSize = "tiny"
     """Model size: with the support task's vocabulary, tiny has 0.23M parameters (gpt2) or 0.26M (llama), small
     7.4M (gpt2) or 9.2M (llama); small takes much longer to run (docs/demo.md has the times)."""
     quick: bool = False

@@ -12,6 +12,7 @@ from rlhfkit.config.commands import RewardArgs
 from rlhfkit.config.online import PPOConfig
 from rlhfkit.config.pages import ServeArgs
 from rlhfkit.errors import UserError, option
+from rlhfkit.tasks import rater_tasks
 
 HUMAN = "human"
 MODEL = "model:"  # --judge model:PATH, a local causal LM as the judge
@@ -147,8 +148,6 @@ class IterateConfig(PPOConfig):
                 f"give {option('reward_model')} (the reward model to start from) or {option('prefs')} (pairs to "
                 "train it on first)"
             )
-        from rlhfkit.tasks import rater_tasks
-
         if not callable(it.judge) and it.judge != HUMAN and ":" not in it.judge and it.judge not in rater_tasks():
             names = ", ".join(f"'{n}'" for n in rater_tasks())
             raise UserError(

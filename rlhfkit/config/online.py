@@ -14,34 +14,33 @@ from rlhfkit.config.checks import at_least, check_training, positive
 from rlhfkit.config.fields import Choices
 from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
 from rlhfkit.errors import UserError, command, option, spelled
+from rlhfkit.ops.aggregation import LOSS_AGGREGATIONS
+from rlhfkit.ops.critic_free import GRPO_SCALES
+from rlhfkit.ops.ensemble import ENSEMBLE_OBJECTIVES
+from rlhfkit.ops.estimators import ADVANTAGE_ESTIMATORS, get_advantage_estimator
+from rlhfkit.ops.kl import KL_ESTIMATORS
+from rlhfkit.ops.losses import POLICY_LOSSES
 
 
-# The algorithms' names come from their registries in rlhfkit.ops (imported when first read: the configs load
-# without torch), so a newly registered estimator or policy loss is at once a valid choice.
+# Every name list is the registry's in rlhfkit.ops. The advantage estimators and policy losses are read each time
+# an option is parsed or shown, so a newly registered one is at once a valid choice.
 def estimator(name: str):
     """The advantage estimator registered as ``name`` (``rlhfkit.ops.estimators``), with its metadata."""
-    from rlhfkit.ops.estimators import get_advantage_estimator
-
     return get_advantage_estimator(name)
 
 
 def estimator_names(*, needs_critic: bool | None = None) -> tuple[str, ...]:
     """The registered advantage estimators' names; only those that need a critic (or need none) when given."""
-    from rlhfkit.ops.estimators import ADVANTAGE_ESTIMATORS
-
     return tuple(n for n, e in ADVANTAGE_ESTIMATORS.items() if needs_critic is None or e.needs_critic == needs_critic)
 
 
-def _policy_loss_names() -> tuple[str, ...]:
-    from rlhfkit.ops.losses import POLICY_LOSSES
-
-    return tuple(POLICY_LOSSES)
-
-
 Estimator = Annotated[str, Choices(estimator_names)]
-PolicyLoss = Annotated[str, Choices(_policy_loss_names)]
+PolicyLoss = Annotated[str, Choices(lambda: tuple(POLICY_LOSSES))]
 ENSEMBLE_MODE_ALIASES = {"conservative": "uncertainty"}  # --ensemble-mode names kept for earlier configs
-LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+EnsembleMode = Literal[(*ENSEMBLE_OBJECTIVES, *ENSEMBLE_MODE_ALIASES)]
+LossAggregation = Literal[LOSS_AGGREGATIONS]
+KLEstimator = Literal[KL_ESTIMATORS]
+RewardScale = Literal[GRPO_SCALES]
 
 
 @dataclass
@@ -61,7 +60,7 @@ class OnlineRewardArgs:
     """Standardise reward-model scores with the mean/std saved beside the reward model."""
     reward_clip: float | None = 10.0
     """Clip the (normalised, weighted) reward to +- this; none disables."""
-    ensemble_mode: Literal["mean", "worst-case", "uncertainty", "conservative"] = "mean"
+    ensemble_mode: EnsembleMode = "mean"
     """The reward PPO gets from a reward-model ensemble (Coste et al. 2023): mean (the members' mean),
     worst-case (the lowest member's score), uncertainty (mean - k x std, k the ensemble's --conservative-k);
     conservative is another name of uncertainty."""
@@ -103,7 +102,7 @@ class KLArgs:
     """Set to adapt beta toward this per-sequence KL (Ziegler et al. 2019); none keeps beta fixed."""
     kl_horizon: int = 10000
     """Horizon (in samples) of the adaptive KL controller."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: KLEstimator = "k1"
     """Per-token KL estimator in the reward: k1 = lp - lp_ref, k2 = (lp - lp_ref)^2/2, k3 = exp(-d) - 1 + d."""
     kl_loss_coef: float = 0.0
     """c3: weight of a k3 KL-to-reference term added to the loss besides the penalty in the reward (the loss's KL
@@ -138,7 +137,7 @@ class AdvantageArgs:
     tokens before the advantages, their mean kept (Huang et al. 2024), so the value targets keep one scale."""
     num_generations: int = 1
     """Completions sampled per prompt (G); the rows of a group are contiguous, and --batch-size counts completions."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    scale_rewards: RewardScale = "group"
     """GRPO's scaling of r - group mean: by the group's std, the batch's std, or not at all (Dr. GRPO)."""
     drop_zero_std_groups: bool = False
     """Leave out of the update the groups whose rewards are all equal (they carry no signal); the count is

@@ -10,7 +10,6 @@ from rlhfkit.commands import COMMANDS
 from rlhfkit.config.fields import choices
 from rlhfkit.config.online import ENSEMBLE_MODE_ALIASES
 from rlhfkit.config.parse import leaves
-from rlhfkit.errors import UserError
 from rlhfkit.ops.aggregation import LOSS_AGGREGATIONS
 from rlhfkit.ops.critic_free import GRPO_SCALES
 from rlhfkit.ops.kl import KL_ESTIMATORS

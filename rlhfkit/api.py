@@ -40,6 +40,7 @@ from typing import Any
 from rlhfkit.commands import COMMANDS, execute, launched_world, messages_shown
 from rlhfkit.config.parse import build_config, flat_dict
 from rlhfkit.errors import UserError, spelling
+from rlhfkit.files import write_text
 from rlhfkit.training.session import check_output_dir
 
 IN_MEMORY_OPTIONS = ("data", "eval_data")  # options that may be given as a list of dicts
@@ -68,8 +69,7 @@ def _write_rows(rows: list, path: Path, option: str) -> str:
         text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     except (TypeError, ValueError) as exc:
         raise UserError(f"{option}: rows must be JSON-serialisable ({exc})") from None
-    path.write_text(text, encoding="utf-8")
-    return str(path)
+    return str(write_text(path, text))
 
 
 def _materialise(options: dict[str, Any], inputs_dir: Path | None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import yaml
 
 from rlhfkit.config.fields import choices, field_docs
 from rlhfkit.errors import UserError, option
+from rlhfkit.files import write_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,5 +428,4 @@ def save_config(config: Any, output_dir: str | Path) -> Path:
         f"# give them again: as FILE.py:NAME (--{name.replace('_', '-')} on the command line), or as callables.\n"
         for name in given_as_callables
     )
-    path.write_text(header + yaml.safe_dump(flat, sort_keys=False), encoding="utf-8")
-    return path
+    return write_text(path, header + yaml.safe_dump(flat, sort_keys=False))

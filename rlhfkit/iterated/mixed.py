@@ -9,10 +9,10 @@ about, in the round's record (``round.json``, ``summary.json``).
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
+from rlhfkit.files import write_jsonl
 from rlhfkit.iterated.judges import Judge
 from rlhfkit.judging.agreement import judge_summary, reference_agreement, reference_from_rows
 from rlhfkit.judging.pairs import Pair
@@ -33,7 +33,7 @@ def mixed_labels(
     ours = people_share(len(rows), share, f"{seed}-{round_dir.name}")
     to_label = round_dir / "to_label.jsonl"
     if not to_label.is_file():
-        to_label.write_text("".join(json.dumps(rows[i], ensure_ascii=False) + "\n" for i in ours), encoding="utf-8")
+        write_jsonl(to_label, [rows[i] for i in ours])
     # the model first: people's labels, once in, are compared with its answers on their pairs
     answers = judge([r["prompt"] for r in rows], [list(r["responses"]) for r in rows])
     verdicts = judge.fn.last_verdicts

@@ -18,10 +18,11 @@ pairs are labelled by simulated raters on the gold judge (``rlhfkit.tasks.raters
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
+
+from rlhfkit.files import write_jsonl, write_text
 
 from ..raters import GoldRaters, labelled_pair
 
@@ -161,8 +162,6 @@ def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | 
     }
     files = {}
     for name, data in rows.items():
-        files[name] = out / f"{name}.jsonl"
-        files[name].write_text("".join(json.dumps(r) + "\n" for r in data), encoding="utf-8")
-    files["corpus"] = out / "corpus.txt"
-    files["corpus"].write_text(corpus_text(), encoding="utf-8")
+        files[name] = write_jsonl(out / f"{name}.jsonl", data)
+    files["corpus"] = write_text(out / "corpus.txt", corpus_text())
     return files

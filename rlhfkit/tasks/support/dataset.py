@@ -7,10 +7,11 @@ Rows never carry gold scores, so a trainer cannot see the hidden judge.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import random
 from pathlib import Path
+
+from rlhfkit.files import write_jsonl, write_text
 
 from .categories import PRODUCTS
 from .judge import gold_score
@@ -154,13 +155,6 @@ def _balanced(rows: list[dict], n: int) -> list[dict]:
     return [row for turn in turns for row in turn if row is not None][:n]
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return path
-
-
 def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, Path]:
     """Write the task's files into `out_dir` and return `{name: path}`.
 
@@ -176,18 +170,16 @@ def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | 
     out.mkdir(parents=True, exist_ok=True)
     eval_prompts = _balanced(make_prompts("eval"), size["prompts_eval"])
     files = {
-        "sft": _write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
-        "sft_eval": _write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
-        "prefs_train": _write_jsonl(
-            out / "prefs_train.jsonl", make_preference_rows("train", seed, size["prefs_train"])
-        ),
-        "prefs_eval": _write_jsonl(out / "prefs_eval.jsonl", make_preference_rows("eval", seed, size["prefs_eval"])),
-        "prompts_train": _write_jsonl(
+        "sft": write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
+        "sft_eval": write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
+        "prefs_train": write_jsonl(out / "prefs_train.jsonl", make_preference_rows("train", seed, size["prefs_train"])),
+        "prefs_eval": write_jsonl(out / "prefs_eval.jsonl", make_preference_rows("eval", seed, size["prefs_eval"])),
+        "prompts_train": write_jsonl(
             out / "prompts_train.jsonl", [{"prompt": r["prompt"]} for r in make_prompts("train")]
         ),
-        "prompts_eval": _write_jsonl(out / "prompts_eval.jsonl", [{"prompt": r["prompt"]} for r in eval_prompts]),
+        "prompts_eval": write_jsonl(out / "prompts_eval.jsonl", [{"prompt": r["prompt"]} for r in eval_prompts]),
     }
     corpus = out / "corpus.txt"
-    corpus.write_text(corpus_text(), encoding="utf-8")
+    write_text(corpus, corpus_text())
     files["corpus"] = corpus
     return files

@@ -17,10 +17,11 @@ extra ``answer`` column that an RL trainer hands to the reward functions.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from pathlib import Path
+
+from rlhfkit.files import write_jsonl, write_text
 
 from .problems import Problem, eval_problems, train_problems
 
@@ -110,13 +111,6 @@ def corpus_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> Path:
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return path
-
-
 def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, Path]:
     """Write the task's files into `out_dir` and return `{name: path}`.
 
@@ -131,13 +125,13 @@ def write_task_data(out_dir: str | Path, seed: int = 0, sizes: dict[str, int] | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {
-        "sft": _write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
-        "sft_eval": _write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
-        "prompts_train": _write_jsonl(out / "prompts_train.jsonl", make_prompt_rows(seed, size["prompts_train"])),
-        "prompts_eval": _write_jsonl(out / "prompts_eval.jsonl", make_prompt_rows(seed, split="eval")),
+        "sft": write_jsonl(out / "sft.jsonl", make_sft_rows(seed, size["sft"], "train")),
+        "sft_eval": write_jsonl(out / "sft_eval.jsonl", make_sft_rows(seed, size["sft_eval"], "eval")),
+        "prompts_train": write_jsonl(out / "prompts_train.jsonl", make_prompt_rows(seed, size["prompts_train"])),
+        "prompts_eval": write_jsonl(out / "prompts_eval.jsonl", make_prompt_rows(seed, split="eval")),
     }
     corpus = out / "corpus.txt"
-    corpus.write_text(corpus_text(), encoding="utf-8")
+    write_text(corpus, corpus_text())
     files["corpus"] = corpus
     files["tool"] = Path(shutil.copyfile(TOOL_FILE, out / TOOL_FILE.name))
     return files

@@ -3,9 +3,9 @@ spells it (``--max-steps`` on the command line, ``max_steps`` in the Python API)
 
 from __future__ import annotations
 
+from rlhfkit.config import trackers
 from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs
 from rlhfkit.errors import UserError, option
-from rlhfkit.training import trackers
 
 
 def positive(**values) -> None:

@@ -22,6 +22,7 @@ from rlhfkit.judging.agreement import judge_summary
 from rlhfkit.judging.model import ModelJudge
 from rlhfkit.judging.prompts import read_principles
 from rlhfkit.models.loading import check_model_dir
+from rlhfkit.tasks import get_task, rater_tasks
 from rlhfkit.userfiles import load_object, split_spec
 
 ANSWERS = (0, 1, -1)
@@ -75,8 +76,6 @@ def load_judge(spec, seed: int = 0, principles: str = "") -> Judge:
     by the task's name (``rlhfkit.tasks.rater_tasks``; seeded with ``seed``), a local causal LM (``model:PATH``,
     or the model of ``human+model:PATH``) judging by the ``principles`` file, or (through the Python API) a
     callable; checked to take ``(prompts, completions)``."""
-    from rlhfkit.tasks import get_task, rater_tasks
-
     for prefix in (MODEL, HUMAN_AND_MODEL):
         if isinstance(spec, str) and spec.startswith(prefix):
             path = spec[len(prefix) :]

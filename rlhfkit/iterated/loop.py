@@ -52,6 +52,7 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.files import read_jsonl, write_json, write_jsonl
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share
+from rlhfkit.iterated.human import HumanJudge
 from rlhfkit.iterated.judges import judge_record, load_judge
 from rlhfkit.iterated.mixed import mixed_labels
 from rlhfkit.iterated.models import VALUE_DIR, copy_model, sample_replies, save_value_model
@@ -59,6 +60,7 @@ from rlhfkit.iterated.online_dpo import OnlineDPO
 from rlhfkit.iterated.reward_models import RewardModels
 from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, last_mean, metrics_rows
 from rlhfkit.training.runtime import pick_device
+from rlhfkit.training.session import clear_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -237,8 +239,6 @@ class Iteration:
             load_examples(it.prefs, "preference", COMMAND)  # every row checked before anything is trained
         started = [p for p in self.out.glob("round-*") if p.is_dir()] if self.out.is_dir() else []
         if started and c.run.overwrite_output_dir and not c.run.resume:
-            from rlhfkit.training.session import clear_output_dir
-
             clear_output_dir(c, self.out)
         elif started and not c.run.resume:
             raise UserError(
@@ -249,8 +249,6 @@ class Iteration:
         save_config(c, self.out)
         human = None
         if needs_people(it.judge):
-            from rlhfkit.iterated.human import HumanJudge
-
             names = [n.strip() for n in it.annotators.split(",") if n.strip()]
             human = HumanJudge(
                 self.out, names, it.labels_per_item, c.serve.host, c.serve.port, it.poll_seconds, it.guidelines

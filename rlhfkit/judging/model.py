@@ -32,6 +32,7 @@ from rlhfkit.judging.pairs import Pair
 from rlhfkit.judging.prompts import LABELS, judge_messages
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, model_folder, position_limit
 from rlhfkit.models.unwrap import base_model
+from rlhfkit.models.vllm_engine import require_vllm
 from rlhfkit.training.runtime import pick_device
 
 try:  # chat templates are rendered with jinja2; a template may refuse a system turn
@@ -158,8 +159,6 @@ def vllm_first_label_probabilities(
     """``first_label_probabilities`` from a vLLM engine: each prompt is sent once per label token with that token
     appended, and the engine's log-prob of the appended token is read (its prefix cache computes the shared
     prompt once)."""
-    from rlhfkit.models.vllm_engine import require_vllm
-
     require_vllm()
     from vllm import LLM, SamplingParams
 

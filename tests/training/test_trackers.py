@@ -19,6 +19,7 @@ import yaml
 
 import rlhfkit
 from rlhfkit.cli.main import COMMANDS
+from rlhfkit.config import trackers as report_to
 from rlhfkit.config.commands import SFTConfig
 from rlhfkit.config.parse import parse_config, part_names
 from rlhfkit.errors import UserError
@@ -84,7 +85,7 @@ def test_bad_report_to_is_a_one_line_error(flags, message):
 
 
 def test_a_missing_tracker_package_stops_the_run_before_the_model_loads(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(trackers, "installed", lambda name: name != "wandb")
+    monkeypatch.setattr(report_to, "installed", lambda name: name != "wandb")  # --report-to's check
     data = write_jsonl(tmp_path / "train.jsonl", sft_rows(8))
     # the model folder does not exist either: the tracker is checked first, so its error is the one shown
     code, _, err = run_cli(capsys, *sft_args(tmp_path / "no-model", data, tmp_path / "out"), "--report-to", "wandb")

@@ -12,50 +12,51 @@ import time
 from pathlib import Path
 
 from rlhfkit.config.commands import DemoConfig
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.data.schema import load_examples
 from rlhfkit.demo.report import QUICK_RUN, kl_note, number
+from rlhfkit.demo.stages import announce_report, begin, run_stage
+from rlhfkit.inference.evaluate import evaluate_policy
+from rlhfkit.tasks import get_judge
+from rlhfkit.tasks.arithmetic import write_task_data
 
 # Stage settings for a ~0.2M-parameter GPT-2 on 2 CPU cores.
 SETTINGS = {
-    "sft": "--max-steps 1200 --learning-rate 3e-3 --batch-size 16",
-    "grpo": (
-        "--max-steps 600 --learning-rate 5e-4 --batch-size 64 --num-generations 8 --max-new-tokens 6 "
-        "--temperature 1.0 --kl-coef 0.0 --log-ref-kl true --gold-steps 50 --sample-steps 50"
+    "sft": dict(max_steps=1200, learning_rate=3e-3, batch_size=16),
+    "grpo": dict(
+        max_steps=600,
+        learning_rate=5e-4,
+        batch_size=64,
+        num_generations=8,
+        max_new_tokens=6,
+        temperature=1.0,
+        kl_coef=0.0,
+        log_ref_kl=True,
+        gold_steps=50,
+        sample_steps=50,
     ),
 }
-QUICK = {"sft": "--max-steps 4 --batch-size 8", "grpo": "--max-steps 2 --batch-size 16 --num-generations 4"}
+QUICK = {"sft": dict(max_steps=4, batch_size=8), "grpo": dict(max_steps=2, batch_size=16, num_generations=4)}
 EVAL_SAMPLES_PER_PROMPT = 4
 
 
 def run(cfg: DemoConfig) -> dict:
-    from rlhfkit.cli.main import run_command
-    from rlhfkit.config.parts import GenerationArgs
-    from rlhfkit.data.schema import load_examples
-    from rlhfkit.demo.pipeline import announce_report, begin
-    from rlhfkit.inference.evaluate import evaluate_policy
-    from rlhfkit.tasks import get_judge
-    from rlhfkit.tasks.arithmetic import write_task_data
-
     settings = QUICK if cfg.quick else SETTINGS
     start = time.perf_counter()
     out, data, stages = begin(cfg, write_task_data, total=5)
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
-    stages.run(
-        "SFT",
-        lambda: run_command(
-            "sft",
-            f"--model {out}/base --data {data['sft']} --eval-data {data['sft_eval']} --output-dir {out}/sft "
-            f"{settings['sft']} {common}".split(),
-        ),
-    )
-    stages.run(
-        "GRPO (exact-answer reward)",
-        lambda: run_command(
-            "grpo",
-            f"--model {out}/sft --data {data['prompts_train']} --eval-data {data['prompts_eval']} "
-            f"--reward-fn arithmetic:exact_answer --reward-fn arithmetic:format --reward-weights 1,0.1 "
-            f"--gold-judge arithmetic --output-dir {out}/grpo {settings['grpo']} {common}".split(),
-        ),
-    )
+    common = {"seed": cfg.seed, "progress": cfg.progress, "overwrite_output_dir": True}
+    sft = {"model": f"{out}/base", "data": data["sft"], "eval_data": data["sft_eval"], "output_dir": f"{out}/sft"}
+    stages.run("SFT", lambda: run_stage("sft", {**sft, **settings["sft"], **common}))
+    grpo = {
+        "model": f"{out}/sft",
+        "data": data["prompts_train"],
+        "eval_data": data["prompts_eval"],
+        "reward_fn": ["arithmetic:exact_answer", "arithmetic:format"],
+        "reward_weights": [1.0, 0.1],
+        "gold_judge": "arithmetic",
+        "output_dir": f"{out}/grpo",
+    }
+    stages.run("GRPO (exact-answer reward)", lambda: run_stage("grpo", {**grpo, **settings["grpo"], **common}))
 
     def evaluate_both() -> dict:
         prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]

@@ -15,6 +15,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rlhfkit.data.templates import has_chat_template
+from rlhfkit.files import write_jsonl
+from rlhfkit.models.loading import check_model_dir, load_tokenizer
+from rlhfkit.tasks.support.prompts import customer_message
+
 LORA_ABOVE = 50_000_000  # parameters
 
 TINY = {
@@ -22,73 +30,118 @@ TINY = {
     # runs long because copying the customer's product from the prompt into the reply is learnt late. PPO's value
     # function starts from the reward model, as in InstructGPT (Ouyang et al. 2022): a value head on the tiny
     # policy explains too little of the returns' variance, and the noisy advantages hold PPO back.
-    "sft": (
-        "--max-steps 3000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine "
-        "--eval-steps 1000"
+    "sft": dict(
+        max_steps=3000, learning_rate=3e-3, batch_size=16, warmup_steps=20, lr_scheduler="cosine", eval_steps=1000
     ),
-    "rm": "--max-steps 800 --learning-rate 5e-4 --batch-size 32 --max-grad-norm 10 --eval-steps 400",
-    "ppo": (
-        "--max-steps 60 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
-        "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 10 --sample-steps 10"
+    "rm": dict(max_steps=800, learning_rate=5e-4, batch_size=32, max_grad_norm=10, eval_steps=400),
+    "ppo": dict(
+        max_steps=60,
+        learning_rate=2e-4,
+        batch_size=32,
+        num_minibatches=2,
+        ppo_epochs=4,
+        max_new_tokens=40,
+        temperature=0.7,
+        kl_coef=0.1,
+        gold_steps=10,
+        sample_steps=10,
     ),
-    "dpo": "--max-steps 400 --learning-rate 3e-4 --batch-size 16 --beta 0.1 --precompute-ref --eval-steps 200",
+    "dpo": dict(max_steps=400, learning_rate=3e-4, batch_size=16, beta=0.1, precompute_ref=True, eval_steps=200),
     # Iterated PPO at the same number of labels: its first reward model learns from half the offline pairs (400
     # steps: as many passes over them as the offline reward model makes over all), then each of 3 rounds has the
     # simulated raters label the policy's own pairs (the other half of the labels, a third a round), the reward
     # model continues on every pair so far, and PPO continues for a third of PPO's steps, with PPO's settings.
-    "iterate": (
-        "--rounds 3 --max-steps 20 --rm-initial-steps 400 --rm-steps 200 --rm-learning-rate 5e-4 "
-        "--rm-batch-size 32 --learning-rate 2e-4 --batch-size 32 --num-minibatches 2 --ppo-epochs 4 "
-        "--max-new-tokens 40 --temperature 0.7 --kl-coef 0.1 --gold-steps 20"
+    "iterate": dict(
+        rounds=3,
+        max_steps=20,
+        rm_initial_steps=400,
+        rm_steps=200,
+        rm_learning_rate=5e-4,
+        rm_batch_size=32,
+        learning_rate=2e-4,
+        batch_size=32,
+        num_minibatches=2,
+        ppo_epochs=4,
+        max_new_tokens=40,
+        temperature=0.7,
+        kl_coef=0.1,
+        gold_steps=20,
     ),
 }
-LORA = "--lora-r 16 --lora-alpha 32"
+LORA = dict(lora_r=16, lora_alpha=32)
 PRETRAINED = {
     # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo.md). The
     # held-out evaluations of the reward model and DPO run once, at their last step (each is minutes of forward
     # passes). The reward model's rate is the lowest at which its held-out accuracy still rises at the last of its
     # steps. PPO makes two epochs of two minibatches over each batch of rollouts: a single update per batch is
     # cheaper a step, but in this budget of steps it leaves the gold score where SFT left it.
-    "sft": f"--max-steps 120 --learning-rate 2e-4 --batch-size 8 --warmup-steps 10 --eval-steps 60 {LORA}",
-    "rm": "--max-steps 150 --learning-rate 6e-5 --batch-size 8 --eval-steps 150",
-    "ppo": (
-        "--max-steps 30 --learning-rate 1e-4 --batch-size 16 --num-minibatches 2 --ppo-epochs 2 "
-        f"--max-new-tokens 40 --temperature 0.7 --kl-coef 0.05 --gold-steps 10 --sample-steps 10 {LORA}"
+    "sft": dict(max_steps=120, learning_rate=2e-4, batch_size=8, warmup_steps=10, eval_steps=60, **LORA),
+    "rm": dict(max_steps=150, learning_rate=6e-5, batch_size=8, eval_steps=150),
+    "ppo": dict(
+        max_steps=30,
+        learning_rate=1e-4,
+        batch_size=16,
+        num_minibatches=2,
+        ppo_epochs=2,
+        max_new_tokens=40,
+        temperature=0.7,
+        kl_coef=0.05,
+        gold_steps=10,
+        sample_steps=10,
+        **LORA,
     ),
-    "dpo": f"--max-steps 100 --learning-rate 5e-5 --batch-size 8 --beta 0.1 --precompute-ref --eval-steps 100 {LORA}",
+    "dpo": dict(max_steps=100, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=100, **LORA),
     # Iterated PPO as on the built-in model: the first reward model makes one pass over half the offline pairs,
     # each of 3 rounds adds a third of the other half (the policy's own pairs) and continues the reward model
     # for 50 steps over every pair so far, and PPO continues for a third of PPO's steps with PPO's settings. Its
     # value model is a separate network started from the reward model (adapters on its backbone too).
-    "iterate": (
-        "--rounds 3 --max-steps 10 --rm-initial-steps 75 --rm-steps 50 --rm-learning-rate 6e-5 --rm-batch-size 8 "
-        "--learning-rate 1e-4 --batch-size 16 --num-minibatches 2 --ppo-epochs 2 --max-new-tokens 40 "
-        f"--temperature 0.7 --kl-coef 0.05 --gold-steps 10 {LORA}"
+    "iterate": dict(
+        rounds=3,
+        max_steps=10,
+        rm_initial_steps=75,
+        rm_steps=50,
+        rm_learning_rate=6e-5,
+        rm_batch_size=8,
+        learning_rate=1e-4,
+        batch_size=16,
+        num_minibatches=2,
+        ppo_epochs=2,
+        max_new_tokens=40,
+        temperature=0.7,
+        kl_coef=0.05,
+        gold_steps=10,
+        **LORA,
     ),
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
-    "sft": "--max-steps 4 --batch-size 8",
-    "rm": "--max-steps 4 --batch-size 8",
-    "ppo": "--max-steps 2 --batch-size 8 --max-new-tokens 8 --gold-steps 1",
-    "dpo": "--max-steps 4 --batch-size 8",
-    "iterate": (
-        "--rounds 2 --max-steps 1 --rm-initial-steps 2 --rm-steps 2 --rm-batch-size 8 --batch-size 8 "
-        "--max-new-tokens 8 --gold-steps 1"
+    "sft": dict(max_steps=4, batch_size=8),
+    "rm": dict(max_steps=4, batch_size=8),
+    "ppo": dict(max_steps=2, batch_size=8, max_new_tokens=8, gold_steps=1),
+    "dpo": dict(max_steps=4, batch_size=8),
+    "iterate": dict(
+        rounds=2,
+        max_steps=1,
+        rm_initial_steps=2,
+        rm_steps=2,
+        rm_batch_size=8,
+        batch_size=8,
+        max_new_tokens=8,
+        gold_steps=1,
     ),
 }
 
 
 @dataclass
 class Plan:
-    """One demo run's choices. ``settings``: flags per stage; ``sizes``: task rows (None: the task's defaults);
-    ``no_kl_steps``: the beta = 0 ablation's steps; ``eval_samples``: samples per held-out prompt;
+    """One demo run's choices. ``settings``: options per stage (by name); ``sizes``: task rows (None: the task's
+    defaults); ``no_kl_steps``: the beta = 0 ablation's steps; ``eval_samples``: samples per held-out prompt;
     ``value_model``: PPO's value function starts from the reward model (else a head on the policy);
     ``parameters``: the model's parameter count (0 for the built-in one, made by the demo); ``parameter_bytes``:
     the bytes a parameter takes in its saved weights;
     ``pairs_per_round``: iterated PPO's pairs per round (None: half the preference labels spread over its
     rounds, the other half offline)."""
 
-    settings: dict[str, str]
+    settings: dict[str, dict]
     sizes: dict[str, int] | None
     no_kl_steps: int
     eval_samples: int
@@ -104,7 +157,7 @@ def plan(quick: bool, model: str = "") -> Plan:
     parameters, parameter_bytes = model_size(model) if model else (0, 4)
     pretrained = parameters > LORA_ABOVE
     if quick:
-        settings = {k: f"{v} {LORA}" if pretrained and k != "rm" else v for k, v in QUICK.items()}
+        settings = {k: {**v, **LORA} if pretrained and k != "rm" else v for k, v in QUICK.items()}
         # a pretrained model's every forward costs ~100x the built-in one's: few rows to score and evaluate
         sizes = (
             {"sft": 32, "sft_eval": 8, "prefs_train": 32, "prefs_eval": 16, "prompts_eval": 8} if pretrained else None
@@ -151,11 +204,6 @@ def model_size(model: str) -> tuple[int, int]:
     ``.gguf`` file), from its config alone: the parameters counted on PyTorch's meta device (no weights are
     read), the bytes from the config's dtype (2 for bfloat16 or float16; 4 when it names none or float32, and
     a ``.gguf`` file is de-quantised to float32)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from rlhfkit.models.loading import check_model_dir
-
     config = AutoConfig.from_pretrained(check_model_dir(model, "model"), local_files_only=True)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
@@ -170,10 +218,6 @@ def chat_rows(files: dict[str, Path], model: str, out: Path) -> dict[str, Path]:
     """The task's files with every prompt as a chat (one user message: the customer's words) and every reply as
     an assistant message, when the model's tokenizer has a chat template; else the files as they are. The gold
     judge reads the customer's message from either form."""
-    from rlhfkit.data.templates import has_chat_template
-    from rlhfkit.models.loading import load_tokenizer
-    from rlhfkit.tasks.support.prompts import customer_message
-
     if not has_chat_template(load_tokenizer(model)):
         return files
     out.mkdir(parents=True, exist_ok=True)
@@ -188,6 +232,5 @@ def chat_rows(files: dict[str, Path], model: str, out: Path) -> dict[str, Path]:
             for key in ("completion", "chosen", "rejected"):
                 if key in row:
                     row[key] = [{"role": "assistant", "content": row[key].strip()}]
-        converted[name] = out / path.name
-        converted[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        converted[name] = write_jsonl(out / path.name, rows)
     return converted

@@ -13,56 +13,66 @@ import json
 import time
 from pathlib import Path
 
+import torch
+
 from rlhfkit.config.commands import DemoConfig
+from rlhfkit.config.online import MultiTurnArgs
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.data.templates import render_prompt
 from rlhfkit.demo.report import QUICK_RUN
+from rlhfkit.demo.stages import announce_report, begin, run_stage
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.multiturn.rollout import MultiTurn, conversation_metrics
+from rlhfkit.tasks.tools import judge, write_task_data
 
 # Stage settings for a ~0.24M-parameter GPT-2 on 2 CPU cores. SFT runs long because copying the three numbers
 # from the prompt into the tool call is learnt late, and it needs many different demonstrations (DATA_SIZES):
 # a few thousand, each seen several times, leave most calls wrong where the same steps over many more get most
 # right. GRPO's steps leave room past the point where the policy calls the tool every time.
 SETTINGS = {
-    "sft": "--max-steps 2000 --learning-rate 6e-3 --batch-size 16 --eval-steps 1000",
-    "grpo": (
-        "--max-steps 60 --learning-rate 5e-4 --batch-size 64 --num-generations 8 --temperature 1.0 "
-        "--kl-coef 0.0 --log-ref-kl true --gold-steps 10 --sample-steps 20"
+    "sft": dict(max_steps=2000, learning_rate=6e-3, batch_size=16, eval_steps=1000),
+    "grpo": dict(
+        max_steps=60,
+        learning_rate=5e-4,
+        batch_size=64,
+        num_generations=8,
+        temperature=1.0,
+        kl_coef=0.0,
+        log_ref_kl=True,
+        gold_steps=10,
+        sample_steps=20,
     ),
 }
-QUICK = {"sft": "--max-steps 4 --batch-size 8", "grpo": "--max-steps 2 --batch-size 16 --num-generations 4"}
+QUICK = {"sft": dict(max_steps=4, batch_size=8), "grpo": dict(max_steps=2, batch_size=16, num_generations=4)}
 DATA_SIZES = {"sft": 20000}
 QUICK_SIZES = {"sft": 200, "sft_eval": 20, "prompts_train": 64}
 # A turn is one tool call (about 30 tokens) or the answer; three turns leave room for a second call.
 MAX_NEW_TOKENS, MAX_TURNS = 48, 3
-TURNS = f"--max-new-tokens {MAX_NEW_TOKENS} --max-turns {MAX_TURNS}"
+TURNS = {"max_new_tokens": MAX_NEW_TOKENS, "max_turns": MAX_TURNS}
 EVAL_SAMPLES_PER_PROMPT = 4
 POLICIES = {"sft": "SFT", "grpo": "GRPO"}
 
 
 def run(cfg: DemoConfig) -> dict:
-    from rlhfkit.cli.main import run_command
-    from rlhfkit.demo.pipeline import announce_report, begin
-    from rlhfkit.tasks.tools import write_task_data
-
     settings = QUICK if cfg.quick else SETTINGS
     start = time.perf_counter()
     out, data, stages = begin(cfg, write_task_data, total=5, sizes=QUICK_SIZES if cfg.quick else DATA_SIZES)
-    common = f"--seed {cfg.seed} --progress {str(cfg.progress).lower()} --overwrite-output-dir"
+    common = {"seed": cfg.seed, "progress": cfg.progress, "overwrite_output_dir": True}
     tool = f"{data['tool']}:add"
+    sft = {"model": f"{out}/base", "data": data["sft"], "eval_data": data["sft_eval"], "output_dir": f"{out}/sft"}
+    stages.run("SFT", lambda: run_stage("sft", {**sft, **settings["sft"], **common}))
+    grpo = {
+        "model": f"{out}/sft",
+        "data": data["prompts_train"],
+        "eval_data": data["prompts_eval"],
+        "tool": [tool],
+        **TURNS,
+        "reward_fn": ["tools:exact_answer"],
+        "gold_judge": "tools",
+        "output_dir": f"{out}/grpo",
+    }
     stages.run(
-        "SFT",
-        lambda: run_command(
-            "sft",
-            f"--model {out}/base --data {data['sft']} --eval-data {data['sft_eval']} --output-dir {out}/sft "
-            f"{settings['sft']} {common}".split(),
-        ),
-    )
-    stages.run(
-        "GRPO (the add tool, exact-answer reward)",
-        lambda: run_command(
-            "grpo",
-            f"--model {out}/sft --data {data['prompts_train']} --eval-data {data['prompts_eval']} --tool {tool} "
-            f"{TURNS} --reward-fn tools:exact_answer --gold-judge tools --output-dir {out}/grpo "
-            f"{settings['grpo']} {common}".split(),
-        ),
+        "GRPO (the add tool, exact-answer reward)", lambda: run_stage("grpo", {**grpo, **settings["grpo"], **common})
     )
 
     def evaluate_both() -> dict:
@@ -80,15 +90,6 @@ def evaluate_conversations(policy_dir: str, prompts: list, tool: str, seed: int 
     """Play one conversation with the tool per prompt (sampled at temperature 1, as GRPO samples) and judge
     each final reply with the task's gold judge. Returns ``{"metrics": ..., "samples": [...]}``, one sample
     per conversation: its prompt text, messages, gold score, tool calls and tool errors."""
-    import torch
-
-    from rlhfkit.config.online import MultiTurnArgs
-    from rlhfkit.config.parts import GenerationArgs
-    from rlhfkit.data.templates import render_prompt
-    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.multiturn.rollout import MultiTurn, conversation_metrics
-    from rlhfkit.tasks.tools import judge
-
     args = MultiTurnArgs(tool=[tool], max_turns=MAX_TURNS)
     generation = GenerationArgs(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
     tokenizer = load_tokenizer(policy_dir)

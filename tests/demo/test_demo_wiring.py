@@ -28,10 +28,10 @@ def console_lines(text: str) -> list[str]:
 
 
 def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
-    from rlhfkit.demo import pipeline
+    from rlhfkit.demo import support
     from rlhfkit.demo.report import QUICK_RUN
 
-    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 2)  # a core to spare: beta = 0 runs in a child process
+    monkeypatch.setattr(support.os, "cpu_count", lambda: 2)  # a core to spare: beta = 0 runs in a child process
     out = tmp_path / "demo"
     assert main(["demo", "--output-dir", str(out), "--quick", "--progress", "false"]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -70,7 +70,9 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     assert console[-1] == f"report: {(out / 'report.md').resolve()}"
     # the child's log: the command it ran, then its progress bar to the last step
     command, *output = log.read_text().splitlines()
-    assert command.startswith("rlhfkit ppo --model ") and "--kl-coef 0" in command
+    assert command == f"rlhfkit ppo --config {log.with_suffix('.yaml')}"
+    options = yaml.safe_load(log.with_suffix(".yaml").read_text())
+    assert options["kl_coef"] == 0 and options["model"] == str(out / "sft") and options["progress"] is True
     assert "2/2" in output[-1]
     for png in ("ppo_curves.png", "proxy_vs_gold.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
@@ -298,30 +300,35 @@ def test_full_and_quick_reports_of_the_arithmetic_task(tmp_path):
 
 
 def test_a_stage_beside_the_others_reports_its_failure_with_its_log(tmp_path):
-    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.demo.stages import Stages, stage_config
     from rlhfkit.errors import UserError
 
     stages = Stages(total=1)
-    job = stages.start("broken stage", "ppo", f"--model {tmp_path}/missing --data x.jsonl", tmp_path / "b.log", 1)
+    config = stage_config("init-model", {"corpus": str(tmp_path / "missing.txt"), "output_dir": str(tmp_path / "m")})
+    job = stages.start("broken stage", "init-model", config, tmp_path / "b.log", 1)
     with pytest.raises(UserError, match="broken stage failed") as err:
         stages.wait(job)
-    assert "--output-dir is required" in str(err.value) and (tmp_path / "b.log").exists()
+    assert "missing.txt" in str(err.value) and (tmp_path / "b.log").exists()
     assert "broken stage" not in stages.seconds
 
 
 def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path, capsys):
     import time
 
-    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.demo.stages import Stages, stage_config
 
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the customer asked for a refund and the agent said sorry\n" * 50)
+    config = stage_config("init-model", {"corpus": str(corpus), "output_dir": str(tmp_path / "base")})
     stages = Stages(total=3)
     start = time.perf_counter()
-    job = stages.start("help", "ppo", "--help", tmp_path / "h.log", 1)
+    job = stages.start("help", "init-model", config, tmp_path / "h.log", 1)
     stages.run("meanwhile", lambda: (job.watcher.join(), time.sleep(1.5)))
     stages.run("after", lambda: None)
     stages.wait(job)
     log = (tmp_path / "h.log").read_text()
-    assert log.startswith("rlhfkit ppo --help\n") and "--output-dir" in log
+    assert log.startswith(f"rlhfkit init-model --config {tmp_path / 'h.yaml'}\n") and "wrote a tiny" in log
+    assert (tmp_path / "base" / "config.json").is_file()
     assert stages.beside == {"help": "meanwhile"}  # it had ended before "after" began
     assert stages.seconds["help"] <= time.perf_counter() - start - 1.5  # not the time until wait was called
     assert list(stages.seconds) == list(stages.load) == ["help", "meanwhile", "after"]  # the order they started
@@ -414,7 +421,7 @@ def test_paired_standard_errors_take_the_differences_reply_by_reply():
 
 
 def test_resumed_stages_are_kept_once_with_their_earlier_times(tmp_path, capsys):
-    from rlhfkit.demo.pipeline import Stages
+    from rlhfkit.demo.stages import Stages
     from rlhfkit.errors import UserError
 
     record = tmp_path / "stages.json"
@@ -443,17 +450,17 @@ def test_resumed_stages_are_kept_once_with_their_earlier_times(tmp_path, capsys)
 def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_models(
     tiny_model_dir, tmp_path, capsys, monkeypatch
 ):
-    from rlhfkit.demo import pipeline
+    from rlhfkit.demo import support
     from rlhfkit.demo.plan import PRETRAINED, Plan, model_size
 
     # a 135M-parameter model: SFT, RM, PPO, DPO, and iterated PPO's first RM, final policy and 3 rounds of
     # (RM, policy, value model), each saved in float32
     smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000)
-    assert pipeline.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 15
-    assert pipeline.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 16
+    assert support.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 15
+    assert support.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 16
     half_smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000, parameter_bytes=2)  # bfloat16
-    assert pipeline.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 15
-    assert pipeline.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
+    assert support.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 15
+    assert support.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
     assert model_size(str(tiny_model_dir))[1] == 4
     config = json.loads((tiny_model_dir / "config.json").read_text())
     half = tmp_path / "half"
@@ -468,18 +475,18 @@ def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_model
         asked.append(Path(path))
         return SimpleNamespace(total=10**6, used=10**6 - free, free=free)
 
-    monkeypatch.setattr(pipeline.shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(support.shutil, "disk_usage", disk_usage)
     out = tmp_path / "demo"
-    pipeline.check_disk(out, free)
+    support.check_disk(out, free)
     assert asked == [tmp_path]  # a missing output dir: the disk of its nearest existing parent
-    with pytest.raises(pipeline.UserError, match="GiB free"):
-        pipeline.check_disk(out, free + 1)
+    with pytest.raises(support.UserError, match="GiB free"):
+        support.check_disk(out, free + 1)
     # what an earlier run already wrote there (a --resume) counts as written
     out.mkdir()
     (out / "model.safetensors").write_bytes(bytes(4096))
-    pipeline.check_disk(out, free + 4096)
+    support.check_disk(out, free + 4096)
     asked.clear()
-    pipeline.check_disk(out, 0)  # the built-in model: nothing to check
+    support.check_disk(out, 0)  # the built-in model: nothing to check
     assert asked == []
 
     # through the command line: nothing runs, and the message says what to do

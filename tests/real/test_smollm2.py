@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlhfkit.accel import decode as lean
+from rlhfkit.accel import switched
 from rlhfkit.accel.packing import pack_batch
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.data.collate import pad_with_mask
@@ -81,10 +82,12 @@ def test_packed_log_probs_equal_padded_on_the_real_model(smollm2):
     input_ids = torch.cat([prompt_ids, response_ids], 1)
     attention_mask = torch.cat([prompt_mask, response_mask], 1)
     n = response_ids.shape[1]
-    padded = response_logprobs(model, input_ids, attention_mask, n)
+    with switched("auto", options={"pack_sequences": False}):
+        padded = response_logprobs(model, input_ids, attention_mask, n)
     packed_batch = pack_batch(model, input_ids, attention_mask, tok.pad_token_id, prompt_ids.shape[1])
     assert packed_batch is not None and len(packed_batch.input_ids) < len(rows)
-    packed = response_logprobs(model, input_ids, attention_mask, n, packed=packed_batch)
+    with switched("auto", options={"pack_sequences": True}):  # as a command runs the passes: packed
+        packed = response_logprobs(model, input_ids, attention_mask, n)
     real = response_mask.bool()
     torch.testing.assert_close(packed[real], padded[real], rtol=0, atol=2e-4)
 
@@ -145,8 +148,8 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 
     run = plan(quick=False, model=str(smollm2_gguf))
     assert run.parameters > LORA_ABOVE and not run.value_model
-    assert all("--lora-r 16" in run.settings[stage] for stage in ("sft", "ppo", "dpo", "iterate"))
-    assert "--lora-r" not in run.settings["rm"]  # the reward model's head is new: trained in full
+    assert all(run.settings[stage]["lora_r"] == 16 for stage in ("sft", "ppo", "dpo", "iterate"))
+    assert "lora_r" not in run.settings["rm"]  # the reward model's head is new: trained in full
     files = write_task_data(tmp_path / "data", sizes={"sft": 4, "prefs_train": 4, "prefs_eval": 2})
     chat = chat_rows(files, str(smollm2_gguf), tmp_path / "chat")
     plain_row = json.loads(files["sft"].read_text().splitlines()[0])
@@ -171,7 +174,7 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2, monkeypatch):
     """At V = 49,152 the LM head and the log-probs run together block by block (the [B, T, V] logits are never
     built): the same log-probs, entropies and gradient into the tied embedding as the plain computation."""
-    from rlhfkit.accel import onednn, vocab
+    from rlhfkit.accel import onednn, passes, vocab
     from rlhfkit.models import forward
 
     tok, model = smollm2
@@ -184,13 +187,14 @@ def test_log_probs_without_logits_equal_the_plain_ones_on_the_real_model(smollm2
     results = []
     for block in (1 << 62, 3 * 49_152):  # one block for everything (the plain path), then 3 positions a block
         monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", block)
-        fused = forward.fused_head(model, n * 2)
+        fused = passes.fused_head(model, n * 2)
         assert (fused is not None) == (block < 1 << 62)
         if fused is not None:  # a head swapped to oneDNN here runs its block products through it
             swapped = isinstance(model.get_output_embeddings(), onednn.OneDNNLinear)
             assert isinstance(fused[2], vocab.HeadProduct) == swapped
         model.zero_grad(set_to_none=True)
-        lp, ent, _ = forward.response_token_stats(model, input_ids, attention_mask, n, 0.7, with_entropy=True)
+        with switched("auto"):
+            lp, ent, _ = forward.response_token_stats(model, input_ids, attention_mask, n, 0.7, with_entropy=True)
         real = response_mask.bool()
         (lp[real].sum() - 0.1 * ent[real].sum()).backward()
         results.append((lp[real].detach(), ent[real].detach(), model.get_input_embeddings().weight.grad.clone()))
@@ -258,8 +262,9 @@ def test_sft_loss_and_dpo_log_probs_without_logits_equal_the_plain_ones_on_the_r
             vocab, "head_logprobs", lambda *a, _f=vocab.head_logprobs, **k: calls.append(1) or _f(*a, **k)
         )
         model.zero_grad(set_to_none=True)
-        loss, count = token_loss_sum(model, sft_batch, pack)
-        seq = forward.sequence_logprobs(model, seqs, pack)
+        with switched("auto", options={"pack_sequences": pack}):
+            loss, count = token_loss_sum(model, sft_batch)
+            seq = forward.sequence_logprobs(model, seqs)
         (loss + 0.5 * seq.sum()).backward()
         assert bool(calls) == (block < 1 << 62)
         results.append((loss.detach(), count, seq.detach(), model.get_input_embeddings().weight.grad.clone()))

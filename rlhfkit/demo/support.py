@@ -1,0 +1,193 @@
+"""`rlhfkit demo` on the built-in customer-support task: init-model -> SFT -> reward model -> PPO (KL on) -> PPO
+(beta = 0) -> DPO -> iterated PPO -> evaluation, with a report.
+
+Every stage runs its command on a config built from the plan's options (``rlhfkit.demo.plan``). The gold judge
+of the task is used only to evaluate, never to train. With a core to spare, the beta = 0 stage runs in a child
+process beside PPO and DPO (it needs only the SFT and reward models).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from rlhfkit.config.commands import DemoConfig
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.data.schema import load_examples
+from rlhfkit.demo.plan import Plan, plan
+from rlhfkit.demo.report import write_report
+from rlhfkit.demo.stages import announce_report, begin, run_stage, stage_config
+from rlhfkit.errors import UserError, option
+from rlhfkit.files import read_jsonl, write_jsonl
+from rlhfkit.inference.evaluate import evaluate_policy
+from rlhfkit.tasks import get_judge
+from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
+
+EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
+
+
+def iterated_seconds_done(out: Path) -> float:
+    """The seconds an earlier run of iterated PPO spent on its finished rounds and its first reward model (what
+    ``rlhfkit iterate --resume`` keeps of it)."""
+    path = out / "iterated" / "summary.json"
+    return json.loads(path.read_text(encoding="utf-8"))["totals"]["seconds"] if path.is_file() else 0.0
+
+
+def run_iterated(out: Path, data: dict[str, str], settings: dict, run_plan: Plan, common: dict) -> dict:
+    """Iterated PPO on the same number of preference labels as the reward model and DPO: the first half of the
+    offline pairs trains its first reward model, and the task's simulated raters (``--judge support``, the rule
+    that labelled those pairs) label the policy's own pairs for the other half, spread over the rounds."""
+    rows = read_jsonl(data["prefs_train"])
+    half = len(rows) // 2
+    offline = write_jsonl(out / "data" / "prefs_half.jsonl", rows[:half])
+    per_round = run_plan.pairs_per_round or max(1, (len(rows) - half) // settings["rounds"])
+    options = {
+        "model": f"{out}/sft",
+        "prefs": str(offline),
+        "data": data["prompts_train"],
+        "eval_data": data["prompts_eval"],
+        "judge": "support",
+        "gold_judge": "support",
+        "pairs_per_round": per_round,
+        "output_dir": f"{out}/iterated",
+        **settings,
+        **common,
+    }
+    return run_stage("iterate", options)
+
+
+def disk_needed(run_plan: Plan, ablation: bool) -> int:
+    """Bytes a demo on a given model writes, roughly: every saved model is a full copy in the model's dtype: SFT,
+    the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first reward model, its final
+    policy and each round's reward model, policy and value model. 0 for the built-in model."""
+    copies = 4 + ablation + 2 + 3 * run_plan.settings["iterate"]["rounds"]
+    return run_plan.parameter_bytes * run_plan.parameters * copies
+
+
+def _bytes_in(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def check_disk(out: Path, needed: int) -> None:
+    """Stop before the first stage when the disk holding ``out`` has less free space than the run still has to
+    write (``needed`` less what an earlier run left there), rather than hours later in a checkpoint save."""
+    if not needed:
+        return
+    where = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    remaining = needed - _bytes_in(out)
+    if free < remaining:
+        gb = 1024**3
+        raise UserError(
+            f"demo: {where} has {free / gb:.1f} GiB free; this run writes about {remaining / gb:.1f} GiB more "
+            f"(every model it trains is saved in full). Free some space or choose another {option('output_dir')}."
+        )
+
+
+def run(cfg: DemoConfig) -> dict:
+    start = time.perf_counter()
+    run_plan = plan(cfg.quick, cfg.model)
+    settings = run_plan.settings
+    # The beta = 0 run shows what the KL penalty is for; on a pretrained model it is one more PPO run, so it runs
+    # there only when asked.
+    ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
+    total = (8 if cfg.model else 9) - (not ablation)
+    check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation))
+    out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
+    base = cfg.model or f"{out}/base"
+    # every stage's seed and progress bar; what a stopped run left in a stage's folder is replaced (a --resume
+    # continues iterated PPO at its round instead)
+    common = {"seed": cfg.seed, "progress": cfg.progress, "overwrite_output_dir": True}
+    sft = {"model": base, "data": data["sft"], "eval_data": data["sft_eval"], "output_dir": f"{out}/sft"}
+    stages.run("SFT", lambda: run_stage("sft", {**sft, **settings["sft"], **common}))
+    rm = {
+        "model": f"{out}/sft",
+        "data": data["prefs_train"],
+        "eval_data": data["prefs_eval"],
+        "output_dir": f"{out}/rm",
+    }
+    stages.run("reward model", lambda: run_stage("rm", {**rm, "output_dir": f"{out}/rm", **settings["rm"], **common}))
+    ppo = {
+        "model": f"{out}/sft",
+        "reward_model": f"{out}/rm",
+        "data": data["prompts_train"],
+        "eval_data": data["prompts_eval"],
+        "gold_judge": "support",
+        **({"value_model": f"{out}/rm"} if run_plan.value_model else {}),
+        **settings["ppo"],
+        **common,
+    }
+    no_kl_name = "PPO without KL (beta = 0)"
+    no_kl = {
+        **ppo,
+        "output_dir": f"{out}/ppo_no_kl",
+        "kl_coef": 0.0,
+        "log_ref_kl": True,
+        "max_steps": run_plan.no_kl_steps,
+    }
+    # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
+    # (each stage on cfg.threads threads; a seed gives the same numbers either way).
+    job = None
+    if ablation and cfg.threads and 2 * cfg.threads <= (os.cpu_count() or 1):
+        # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
+        no_kl_config = stage_config("ppo", {**no_kl, "progress": True})
+        job = stages.start(no_kl_name, "ppo", no_kl_config, out / "ppo_no_kl.log", cfg.threads)
+    try:
+        stages.run("PPO (KL penalty on)", lambda: run_stage("ppo", {**ppo, "output_dir": f"{out}/ppo"}))
+        if ablation and job is None and no_kl_name not in stages.seconds:  # not started beside, nor kept
+            stages.run(no_kl_name, lambda: run_stage("ppo", no_kl))
+        dpo = {"model": f"{out}/sft", "data": data["prefs_train"], "eval_data": data["prefs_eval"]}
+        stages.run("DPO", lambda: run_stage("dpo", {**dpo, "output_dir": f"{out}/dpo", **settings["dpo"], **common}))
+        # a --resume continues iterated PPO at its first unfinished round
+        iterate_common = {**common, "overwrite_output_dir": not cfg.resume, "resume": cfg.resume}
+        stages.run(
+            "iterated PPO",
+            lambda: run_iterated(out, data, settings["iterate"], run_plan, iterate_common),
+            done_before=iterated_seconds_done(out) if cfg.resume else 0.0,
+        )
+    except BaseException:
+        if job is not None:
+            job.process.kill()
+        raise
+    if job is not None:
+        stages.wait(job)
+
+    def evaluate_all():
+        prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]
+        prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
+        gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
+        results = {}
+        policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo") if ablation or name != "ppo_no_kl"}
+        policies["iterated"] = out / "iterated" / "final"
+        for name, policy in policies.items():
+            metrics, rows = evaluate_policy(
+                str(policy),
+                prompts,
+                gen,
+                reward_model=str(out / "rm"),
+                reference=str(out / "sft") if name != "sft" else "",  # the SFT model's KL to itself is 0
+                judge=get_judge("support"),
+                seed=cfg.seed,
+            )
+            metrics.update(product_naming_shares([r["prompt"] for r in rows], [r["response"] for r in rows]))
+            results[name] = {"metrics": metrics, "samples": rows}
+        return results
+
+    results = stages.run("evaluation on held-out prompts", evaluate_all, keep=False)
+    ceiling = label_noise_ceiling(read_jsonl(data["prefs_eval"]))
+    summary = write_report(
+        out,
+        results,
+        ceiling,
+        stages,
+        time.perf_counter() - start + stages.earlier_seconds,
+        cfg.quick,
+        run_plan,
+        cfg.model,
+        cfg.seed,
+    )
+    announce_report(out)
+    return summary

@@ -4,9 +4,10 @@ pretrained model given with ``--model`` (a Hugging Face folder or a ``.gguf`` fi
 The built-in model is a ~0.23M-parameter GPT-2 trained from scratch, so its stages are long and cheap. A
 pretrained model already writes fluent replies: its stages are short, and each step costs ~100x more. Above
 ``LORA_ABOVE`` parameters the policy stages (SFT, PPO, DPO) train LoRA adapters (the PPO and DPO reference is
-then the same backbone with its adapters off) and PPO's value function is a head on the policy (a second
-full-size network would double the step). The reward model is trained in full: its score head is new. The
-pretrained model's own chat template formats every prompt (``chat_rows``).
+then the same backbone with its adapters off). The reward model is trained in full: its score head is new. On
+every model PPO's value function is a network started from the reward model (with adapters on its backbone
+when the policy has them), in plain PPO as in iterated PPO, so the two differ only in their labels' timing.
+The pretrained model's own chat template formats every prompt (``chat_rows``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ TINY = {
         gold_steps=10,
         sample_steps=10,
     ),
-    "dpo": dict(max_steps=400, learning_rate=3e-4, batch_size=16, beta=0.1, precompute_ref=True, eval_steps=200),
+    # DPO makes one pass over all the preference labels (8000 pairs, 500 steps of 16).
+    "dpo": dict(max_steps=500, learning_rate=3e-4, batch_size=16, beta=0.1, precompute_ref=True, eval_steps=250),
     # Iterated PPO at the same number of labels: its first reward model learns from half the offline pairs (400
     # steps: as many passes over them as the offline reward model makes over all), then each of 3 rounds has the
     # simulated raters label the policy's own pairs (the other half of the labels, a third a round), the reward
@@ -67,6 +69,9 @@ TINY = {
         kl_coef=0.1,
         gold_steps=20,
     ),
+    # Online DPO, iterated PPO's control at the same labels: DPO on the same half of the offline pairs, then each
+    # round DPO continues on the raters' labels of the policy's own pairs (one pass, at DPO's rate and beta).
+    "online_dpo": dict(rounds=3, dpo_epochs=1.0, dpo_beta=0.1, learning_rate=3e-4, max_new_tokens=40, temperature=0.7),
 }
 LORA = dict(lora_r=16, lora_alpha=32)
 PRETRAINED = {
@@ -112,6 +117,9 @@ PRETRAINED = {
         gold_steps=10,
         **LORA,
     ),
+    "online_dpo": dict(
+        rounds=3, dpo_epochs=1.0, dpo_beta=0.1, learning_rate=5e-5, max_new_tokens=40, temperature=0.7, **LORA
+    ),
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
     "sft": dict(max_steps=4, batch_size=8),
@@ -128,6 +136,7 @@ QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
         max_new_tokens=8,
         gold_steps=1,
     ),
+    "online_dpo": dict(rounds=2, dpo_epochs=1.0, max_new_tokens=8),
 }
 
 
@@ -167,14 +176,13 @@ def plan(quick: bool, model: str = "") -> Plan:
             sizes,
             2,
             1,
-            value_model=not pretrained,
             parameters=parameters,
             parameter_bytes=parameter_bytes,
             pairs_per_round=8,
         )
     if pretrained:
         sizes = {"sft": 1200, "prefs_train": 1200, "prefs_eval": 400}
-        notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages, value head on the policy"]
+        notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages and the value model"]
         # Two samples per held-out prompt: a single reply's gold score varies widely, and one sample for each of
         # the held-out prompts leaves two policies' difference too uncertain to rank them.
         return Plan(
@@ -182,7 +190,6 @@ def plan(quick: bool, model: str = "") -> Plan:
             sizes,
             40,
             2,
-            value_model=False,
             parameters=parameters,
             parameter_bytes=parameter_bytes,
             notes=notes,

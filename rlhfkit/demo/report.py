@@ -16,6 +16,7 @@ MODELS = {
     "ppo_no_kl": "PPO (beta = 0)",
     "dpo": "DPO",
     "iterated": "iterated PPO",
+    "online_dpo": "online DPO",
 }
 # The top line of a --quick run's report (both tasks): its stages ran a few steps, so its numbers are noise.
 QUICK_RUN = (
@@ -41,6 +42,13 @@ def kl_note(values: list[float], spec: str = ".2f") -> list[str]:
         "log π(token) − log π_SFT(token). The true KL is never negative, but this estimate can be; a negative "
         "value means the policy is so close to the SFT model that sampling noise outweighs the difference.",
     ]
+
+
+def flags(options: dict) -> str:
+    """A stage's options as the command line would give them (``--max-steps 60 --precompute-ref true``)."""
+    return " ".join(
+        f"--{name.replace('_', '-')} {str(v).lower() if isinstance(v, bool) else v}" for name, v in options.items()
+    )
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -188,6 +196,11 @@ def headline(
             f" Iterated PPO, trained on as many labels (half of the offline pairs, then the raters' labels of its "
             f"own replies round by round), {moved('iterated')}, to {gold['iterated']:.2f}."
         )
+        if "online_dpo" in m:
+            shows += (
+                f" Online DPO, on the same labels (DPO on that half, then continued on the raters' labels of its "
+                f"own pairs), {moved('online_dpo')}, to {gold['online_dpo']:.2f}."
+            )
         if rounds:
             accuracies = ", ".join("—" if a is None else f"{a:.0%}" for a in rounds)
             shows += (
@@ -395,7 +408,7 @@ def write_report(
     if plan is not None:
         lines += ["", "## Settings", ""]
         lines += [f"- {note}" for note in plan.notes]
-        lines += [f"- {stage}: `{flags}`" for stage, flags in plan.settings.items()]
+        lines += [f"- {stage}: `{flags(options)}`" for stage, options in plan.settings.items()]
         if "ppo_no_kl" in m:
             lines += [f"- PPO without KL: {plan.no_kl_steps} steps"]
         lines += [f"- evaluation: {plan.eval_samples} sample(s) per held-out prompt"]

@@ -29,22 +29,29 @@ from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, wr
 EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
 
 
-def iterated_seconds_done(out: Path) -> float:
-    """The seconds an earlier run of iterated PPO spent on its finished rounds and its first reward model (what
-    ``rlhfkit iterate --resume`` keeps of it)."""
-    path = out / "iterated" / "summary.json"
+def seconds_done(run_dir: Path) -> float:
+    """The seconds an earlier run of ``rlhfkit iterate`` (iterated PPO, online DPO) in ``run_dir`` spent on its
+    finished rounds and its first model (what ``rlhfkit iterate --resume`` keeps of it)."""
+    path = run_dir / "summary.json"
     return json.loads(path.read_text(encoding="utf-8"))["totals"]["seconds"] if path.is_file() else 0.0
 
 
-def run_iterated(out: Path, data: dict[str, str], settings: dict, run_plan: Plan, common: dict) -> dict:
-    """Iterated PPO on the same number of preference labels as the reward model and DPO: the first half of the
-    offline pairs trains its first reward model, and the task's simulated raters (``--judge support``, the rule
-    that labelled those pairs) label the policy's own pairs for the other half, spread over the rounds."""
+def split_labels(out: Path, data: dict[str, str], rounds: int, run_plan: Plan) -> tuple[Path, int]:
+    """The labels of the loops that label their own pairs (iterated PPO, online DPO), as many as the reward model
+    and DPO learn from: the first half of the offline pairs (written to ``data/prefs_half.jsonl``) and, for the
+    other half, the pairs the task's simulated raters label each round. Returns (that file, pairs per round)."""
     rows = read_jsonl(data["prefs_train"])
     half = len(rows) // 2
     offline = write_jsonl(out / "data" / "prefs_half.jsonl", rows[:half])
-    per_round = run_plan.pairs_per_round or max(1, (len(rows) - half) // settings["rounds"])
-    options = {
+    return offline, run_plan.pairs_per_round or max(1, (len(rows) - half) // rounds)
+
+
+def loop_options(out: Path, data: dict[str, str], settings: dict, run_plan: Plan, common: dict, name: str) -> dict:
+    """``rlhfkit iterate``'s options for iterated PPO or online DPO (``settings``), into ``OUT/name``: the first
+    half of the offline pairs first (the reward model's, or DPO's), then the task's simulated raters (``--judge
+    support``, the rule that labelled those pairs) label the policy's own pairs, round by round."""
+    offline, per_round = split_labels(out, data, settings["rounds"], run_plan)
+    return {
         "model": f"{out}/sft",
         "prefs": str(offline),
         "data": data["prompts_train"],
@@ -52,18 +59,19 @@ def run_iterated(out: Path, data: dict[str, str], settings: dict, run_plan: Plan
         "judge": "support",
         "gold_judge": "support",
         "pairs_per_round": per_round,
-        "output_dir": f"{out}/iterated",
+        "output_dir": f"{out}/{name}",
         **settings,
         **common,
     }
-    return run_stage("iterate", options)
 
 
 def disk_needed(run_plan: Plan, ablation: bool) -> int:
     """Bytes a demo on a given model writes, roughly: every saved model is a full copy in the model's dtype: SFT,
-    the reward model, PPO, DPO, the beta = 0 run when it runs, and iterated PPO's first reward model, its final
-    policy and each round's reward model, policy and value model. 0 for the built-in model."""
-    copies = 4 + ablation + 2 + 3 * run_plan.settings["iterate"]["rounds"]
+    the reward model, PPO, DPO, the beta = 0 run when it runs, iterated PPO's first reward model, its final
+    policy and each round's reward model, policy and value model, and online DPO's first policy, final policy
+    and each round's policy. 0 for the built-in model."""
+    rounds, online_rounds = run_plan.settings["iterate"]["rounds"], run_plan.settings["online_dpo"]["rounds"]
+    copies = 4 + ablation + 2 + 3 * rounds + 2 + online_rounds
     return run_plan.parameter_bytes * run_plan.parameters * copies
 
 
@@ -94,7 +102,7 @@ def run(cfg: DemoConfig) -> dict:
     # The beta = 0 run shows what the KL penalty is for; on a pretrained model it is one more PPO run, so it runs
     # there only when asked.
     ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
-    total = (8 if cfg.model else 9) - (not ablation)
+    total = (9 if cfg.model else 10) - (not ablation)
     check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation))
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
@@ -128,31 +136,51 @@ def run(cfg: DemoConfig) -> dict:
         "log_ref_kl": True,
         "max_steps": run_plan.no_kl_steps,
     }
-    # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO
-    # (each stage on cfg.threads threads; a seed gives the same numbers either way).
-    job = None
-    if ablation and cfg.threads and 2 * cfg.threads <= (os.cpu_count() or 1):
+    # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO, and
+    # online DPO, which needs only the SFT model, beside iterated PPO (each stage on cfg.threads threads; a seed
+    # gives the same numbers either way).
+    spare = bool(cfg.threads) and 2 * cfg.threads <= (os.cpu_count() or 1)
+    jobs = []
+    if ablation and spare:
         # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
         no_kl_config = stage_config("ppo", {**no_kl, "progress": True})
-        job = stages.start(no_kl_name, "ppo", no_kl_config, out / "ppo_no_kl.log", cfg.threads)
+        jobs.append(stages.start(no_kl_name, "ppo", no_kl_config, out / "ppo_no_kl.log", cfg.threads))
+    # a --resume continues iterated PPO and online DPO at their first unfinished round
+    loop_common = {**common, "overwrite_output_dir": not cfg.resume, "resume": cfg.resume}
+    online = loop_options(out, data, settings["online_dpo"], run_plan, loop_common, "online_dpo")
+    online["algorithm"] = "dpo"
+    online_name = "online DPO"
     try:
         stages.run("PPO (KL penalty on)", lambda: run_stage("ppo", {**ppo, "output_dir": f"{out}/ppo"}))
-        if ablation and job is None and no_kl_name not in stages.seconds:  # not started beside, nor kept
+        if ablation and not spare and no_kl_name not in stages.seconds:  # not started beside, nor kept
             stages.run(no_kl_name, lambda: run_stage("ppo", no_kl))
         dpo = {"model": f"{out}/sft", "data": data["prefs_train"], "eval_data": data["prefs_eval"]}
         stages.run("DPO", lambda: run_stage("dpo", {**dpo, "output_dir": f"{out}/dpo", **settings["dpo"], **common}))
-        # a --resume continues iterated PPO at its first unfinished round
-        iterate_common = {**common, "overwrite_output_dir": not cfg.resume, "resume": cfg.resume}
+        for job in [j for j in jobs if j is not None]:  # one child at a time beside the main process
+            stages.wait(job)
+        jobs = []
+        if spare:
+            config = stage_config("iterate", {**online, "progress": True})
+            jobs.append(stages.start(online_name, "iterate", config, out / "online_dpo.log", cfg.threads))
         stages.run(
             "iterated PPO",
-            lambda: run_iterated(out, data, settings["iterate"], run_plan, iterate_common),
-            done_before=iterated_seconds_done(out) if cfg.resume else 0.0,
+            lambda: run_stage(
+                "iterate", loop_options(out, data, settings["iterate"], run_plan, loop_common, "iterated")
+            ),
+            done_before=seconds_done(out / "iterated") if cfg.resume else 0.0,
         )
+        if not spare:
+            stages.run(
+                online_name,
+                lambda: run_stage("iterate", online),
+                done_before=seconds_done(out / "online_dpo") if cfg.resume else 0.0,
+            )
     except BaseException:
-        if job is not None:
-            job.process.kill()
+        for job in jobs:
+            if job is not None:
+                job.process.kill()
         raise
-    if job is not None:
+    for job in [j for j in jobs if j is not None]:
         stages.wait(job)
 
     def evaluate_all():
@@ -162,6 +190,7 @@ def run(cfg: DemoConfig) -> dict:
         results = {}
         policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo") if ablation or name != "ppo_no_kl"}
         policies["iterated"] = out / "iterated" / "final"
+        policies["online_dpo"] = out / "online_dpo" / "final"
         for name, policy in policies.items():
             metrics, rows = evaluate_policy(
                 str(policy),

@@ -19,7 +19,8 @@ from rlhfkit.cli.main import main
 from rlhfkit.data.text_stats import distinct_n, repetition_rate, text_stats
 from rlhfkit.trainers.online.monitor import HackingMonitor
 
-KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "gold/iterated", "kl/ppo", "kl/ppo_no_kl", "kl/iterated")
+KEYS = ("gold/sft", "gold/ppo", "gold/dpo", "gold/ppo_no_kl", "gold/iterated", "gold/online_dpo")
+KEYS += ("kl/ppo", "kl/ppo_no_kl", "kl/iterated", "kl/online_dpo")
 KEYS += ("rm/eval_accuracy", "seconds")
 
 
@@ -39,7 +40,7 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     for key in KEYS:
         assert isinstance(summary[key], float), key
     assert 0.5 < summary["rm/label_noise_ceiling"] < 1.0
-    for name in ("sft", "ppo", "ppo_no_kl", "dpo", "iterated"):  # shares in [0, 1]; NaN: no reply named one
+    for name in ("sft", "ppo", "ppo_no_kl", "dpo", "iterated", "online_dpo"):  # in [0, 1]; NaN: none named one
         for key in (f"names_product/{name}", f"mentions_product/{name}"):
             value = summary[key]
             assert isinstance(value, float) and (value != value or 0.0 <= value <= 1.0), key
@@ -55,6 +56,12 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     assert (out / "data" / "prefs_half.jsonl").read_text().splitlines() == offline[: len(offline) // 2]
     iterate_config = yaml.safe_load((out / "iterated" / "config.yaml").read_text())
     assert iterate_config["judge"] == "support" and iterate_config["model"] == str(out / "sft")
+    # online DPO: the same labels (the same offline half, as many pairs a round, as many rounds), DPO for PPO
+    online_config = yaml.safe_load((out / "online_dpo" / "config.yaml").read_text())
+    assert online_config["algorithm"] == "dpo" and iterate_config["algorithm"] == "ppo"
+    for key in ("prefs", "judge", "pairs_per_round", "rounds", "model"):
+        assert online_config[key] == iterate_config[key], key
+    assert "| online DPO |" in report and (out / "online_dpo" / "final" / "config.json").is_file()
     assert report.splitlines()[2] == QUICK_RUN and report.splitlines()[4].startswith("**What this is.**")
     assert "What it shows" not in report and "over-optimisation)" not in report  # no conclusions from noise
     assert "-0.00" not in report
@@ -62,8 +69,8 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # the console: stage headers in the order the stages started, the same order as the report's stage times; the
     # child's whole log path; the report's path last
     console = console_lines(capsys.readouterr().err)
-    started = [m.group(1) for m in map(re.compile(r"demo \d/9: (.*?) ─").search, console) if m]
-    assert started[4:8] == ["PPO without KL (beta = 0)", "PPO (KL penalty on)", "DPO", "iterated PPO"]
+    started = [m.group(1) for m in map(re.compile(r"demo \d+/10: (.*?) ─").search, console) if m]
+    assert started[4:9] == ["PPO without KL (beta = 0)", "PPO (KL penalty on)", "DPO", "online DPO", "iterated PPO"]
     assert started == list(summary["stage_seconds"])
     log = (out / "ppo_no_kl.log").resolve()
     assert f"in a child process beside the next stages; its log: {log}" in console
@@ -71,6 +78,7 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # the child's log: the command it ran, then its progress bar to the last step
     command, *output = log.read_text().splitlines()
     assert command == f"rlhfkit ppo --config {log.with_suffix('.yaml')}"
+    assert (out / "online_dpo.log").read_text().startswith(f"rlhfkit iterate --config {out.resolve()}/online_dpo.yaml")
     options = yaml.safe_load(log.with_suffix(".yaml").read_text())
     assert options["kl_coef"] == 0 and options["model"] == str(out / "sft") and options["progress"] is True
     assert "2/2" in output[-1]
@@ -453,13 +461,14 @@ def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_model
     from rlhfkit.demo import support
     from rlhfkit.demo.plan import PRETRAINED, Plan, model_size
 
-    # a 135M-parameter model: SFT, RM, PPO, DPO, and iterated PPO's first RM, final policy and 3 rounds of
+    # a 135M-parameter model: SFT, RM, PPO, DPO, online DPO's first, final and 3 rounds' policies, and iterated
+    # PPO's first RM, final policy and 3 rounds of
     # (RM, policy, value model), each saved in float32
     smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000)
-    assert support.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 15
-    assert support.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 16
+    assert support.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 20
+    assert support.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 21
     half_smol = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000, parameter_bytes=2)  # bfloat16
-    assert support.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 15
+    assert support.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 20
     assert support.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
     assert model_size(str(tiny_model_dir))[1] == 4
     config = json.loads((tiny_model_dir / "config.json").read_text())

@@ -129,7 +129,9 @@ def execute(name: str, config):
         check_output_dir(run)
     # a command that runs no model (label, view, init-model) has no --accel
     switch = (
-        accel.switched(options["accel"], cpu=bool(options.get("cpu", False))) if "accel" in options else nullcontext()
+        accel.switched(options["accel"], bool(options.get("cpu", False)), options)
+        if "accel" in options
+        else nullcontext()
     )
     try:
         with switch, cpu_threads(options.get("threads") or 0):

@@ -38,7 +38,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.accel import choices, forward_intercepted
+from rlhfkit.accel import onednn
+from rlhfkit.accel.base import choices, forward_intercepted
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 LEAN_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2"})
@@ -245,9 +246,7 @@ def _merge_here(base, pairs) -> bool:
 
 def _packed(module, weight: torch.Tensor, rows: int):
     """``onednn.packed_linear`` of ``weight`` with ``module``'s bias for ``rows`` rows, or None (``rows`` 0)."""
-    from rlhfkit.accel.onednn import packed_linear
-
-    return packed_linear(weight, module.bias, rows) if rows else None
+    return onednn.packed_linear(weight, module.bias, rows) if rows else None
 
 
 def _merged_projection(base, pairs, rows: int = 0):
@@ -255,8 +254,6 @@ def _merged_projection(base, pairs, rows: int = 0):
     weights untouched), reordered for ``rows`` rows where that applies (``_packed``), else run through the base
     layer's kernel (oneDNN where the layer was swapped to it). Equal to the base output plus the adapters'
     products up to float rounding."""
-    from rlhfkit.accel.onednn import OneDNNLinear, linear_matmul
-
     with torch.no_grad():
         # the first adapter's sum makes the copy (one pass over the weight); the model's weight stays as it is
         weight = base.weight.detach()
@@ -269,19 +266,17 @@ def _merged_projection(base, pairs, rows: int = 0):
     if packed is not None:
         return packed  # (the merged copy is not kept)
     bias = None if base.bias is None else base.bias.detach()
-    onednn = isinstance(base, OneDNNLinear) and base.onednn_forward  # sampling: no gradients
+    through_onednn = isinstance(base, onednn.OneDNNLinear) and base.onednn_forward  # sampling: no gradients
 
     def projection(x: torch.Tensor) -> torch.Tensor:
-        y = linear_matmul(x, weight.t(), bias) if onednn else None
+        y = onednn.linear_matmul(x, weight.t(), bias) if through_onednn else None
         return F.linear(x, weight, bias) if y is None else y
 
     return projection
 
 
 def _plain_linears() -> tuple[type, ...]:
-    from rlhfkit.accel.onednn import OneDNNLinear
-
-    return (torch.nn.Linear, OneDNNLinear)
+    return (torch.nn.Linear, onednn.OneDNNLinear)
 
 
 def _layer_projections(layer, rows: int = 0) -> tuple:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhfkit.accel import forward_intercepted
+from rlhfkit.accel.base import forward_intercepted, swap_classes
 from rlhfkit.accel.onednn import OneDNNLinear, onednn_applies, onednn_backward, onednn_forward, takes_onednn
 
 
@@ -53,18 +53,6 @@ def fuse_activations(model: nn.Module) -> int:
                 setattr(parent, name, TanhGELU())
                 replaced += 1
     return replaced
-
-
-def swap_classes(model: nn.Module, swaps: dict[type, type], where=lambda module: True) -> int:
-    """Give each module of ``model`` whose exact class is a key of ``swaps`` (and that ``where`` accepts) the
-    class it maps to: a subclass with the same parameters and state dict; returns how many changed."""
-    changed = 0
-    for module in model.modules():
-        new = swaps.get(type(module))
-        if new is not None and where(module):
-            module.__class__ = new
-            changed += 1
-    return changed
 
 
 def _family_swaps(suffix: str, subclass) -> dict[type, type]:

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rlhfkit.accel.base import choices, swap_classes
 from rlhfkit.cache import cache_root
 
 ONEDNN_MIN_MACS = 1 << 22  # smaller products stay on the default path (per-call overhead dominates there)
@@ -278,8 +279,6 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
     None where it does not apply: not fp32 on the
     CPU, oneDNN not ready, or no reorder in this torch build. Take it where the weight stays fixed over many
     calls (one sampling call) and read the layer again after it changes."""
-    from rlhfkit.accel import choices
-
     if not fp32_cpu(weight, bias) or not choices(weight.device).onednn_linears or not onednn_ready():
         return None
     try:
@@ -354,7 +353,6 @@ def fast_linears(model: nn.Module, measure: bool = True) -> int:
     conv1d = _conv1d_swap()
     if conv1d is not None:
         swaps[conv1d[0]] = conv1d[1]
-    from rlhfkit.accel.kernels import swap_classes
 
     def faster(module: nn.Module) -> bool:
         if not measure:

@@ -2,7 +2,7 @@
 
 ``OnlineAccel`` is made once by ``rlhfkit.trainers.online.trainer.OnlineTrainer``, which calls it at fixed points
 of its step (``after_sampling``, ``after_rollout``) and asks it how the value model's passes run
-(``value_apart``, ``update_passes``). It applies what ``rlhfkit.accel.choices(device)`` lists for the run's device
+(``value_apart``, ``value_rows``). It applies what ``rlhfkit.accel.choices(device)`` lists for the run's device
 (``kept_heap``, ``value_pass_apart``: the CPU's, under ``--accel auto``); under ``--accel off``, or where they do
 not apply, it does nothing special: the heap is left to the allocator and the value model runs in one pass with
 the policy.
@@ -21,26 +21,13 @@ import ctypes
 import ctypes.util
 import functools
 import os
-from enum import Enum
 
 import torch
 from torch import nn
 
-from rlhfkit.accel import choices, on
+from rlhfkit.accel.base import choices, on
 
 VALUE_PASS_SPLIT = 4  # the value model's pass apart runs in micro-batches this many times smaller
-
-
-class Networks(Enum):
-    """Which networks of an actor-critic with a separate value model a forward pass runs
-    (``rlhfkit.trainers.online.policy.ActorCritic``)."""
-
-    ALL = "all"
-    """The policy and the value function."""
-    POLICY = "policy"
-    """The policy alone (the values come out None)."""
-    VALUE = "value"
-    """The separate value model alone (the log-probs and entropies come out None)."""
 
 
 class OnlineAccel:
@@ -70,18 +57,6 @@ class OnlineAccel:
     def value_rows(self, rows: int) -> int:
         """Rows of each of the value model's micro-batches when its pass runs apart on ``rows`` rows."""
         return max(1, -(-rows // VALUE_PASS_SPLIT))
-
-    @property
-    def first_pass_networks(self) -> Networks:
-        """The networks of the rollout's forward that stands in for epoch 1's."""
-        return Networks.POLICY if self.value_apart else Networks.ALL
-
-    def update_passes(self, micro_rows: int) -> list[tuple[Networks, int]]:
-        """The forward and backward passes of one minibatch, as (networks, rows per micro-batch): one joint pass;
-        or the policy's, then the value model's in micro-batches ``VALUE_PASS_SPLIT`` times smaller."""
-        if not self.value_apart:
-            return [(Networks.ALL, micro_rows)]
-        return [(Networks.POLICY, micro_rows), (Networks.VALUE, self.value_rows(micro_rows))]
 
     def after_sampling(self) -> None:
         """After step 1: the sampler's key / value buffers are freed."""

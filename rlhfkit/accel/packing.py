@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.accel import choices, forward_intercepted
+from rlhfkit.accel.base import choices, forward_intercepted
 from rlhfkit.accel.onednn import onednn_layers, padded_rows
 from rlhfkit.models.unwrap import base_model, without_ddp
 

@@ -1,5 +1,5 @@
 """A swap for the models a trainer optimises, applied where it builds them: LoRA layers that add the adapters'
-product in place (``fuse_lora_linears``, from ``rlhfkit.models.lora.apply_lora``). Like the kernel swaps
+product in place (``fuse_lora_linears``, in place of ``rlhfkit.models.lora.prepare_adapters``). Like the kernel swaps
 (``kernels.py``) it changes module classes in memory only and computes the same gradients; ``RLHFKIT_ACCEL=0``
 turns it off.
 """
@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlhfkit.accel import on
-from rlhfkit.accel.kernels import swap_classes
+from rlhfkit.accel.base import on, swap_classes
 from rlhfkit.accel.onednn import fp32_cpu
 
 
@@ -61,5 +60,5 @@ def _lora_swaps() -> dict[type, type]:
 
 def fuse_lora_linears(model: nn.Module) -> int:
     """Give the PEFT LoRA linear layers of ``model`` the in-place adapter sum (fp32 on the CPU, one plain adapter;
-    otherwise PEFT's own forward); returns how many. Called by ``rlhfkit.models.lora.apply_lora``."""
+    otherwise PEFT's own forward); returns how many. It stands in for ``rlhfkit.models.lora.prepare_adapters``."""
     return swap_classes(model, _lora_swaps()) if on("fused_lora") else 0

@@ -19,7 +19,8 @@ import threading
 import torch
 from torch import nn
 
-from rlhfkit.accel import choices, onednn
+from rlhfkit.accel import onednn
+from rlhfkit.accel.base import choices
 from rlhfkit.accel.onednn import fp32_cpu, pad_rows
 from rlhfkit.ops import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.vocab_chunks import chunked_entropy, chunked_logprobs

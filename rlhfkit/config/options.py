@@ -10,6 +10,7 @@ its help text from here, and a part may give it another default.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 
@@ -56,11 +57,17 @@ def max_prompt_length(default: int = 128) -> Any:
     )
 
 
-def accel() -> Any:
-    from rlhfkit.accel import mode_from_environment
+ACCEL_SWITCH = "RLHFKIT_ACCEL"  # the environment's --accel default, read by rlhfkit.accel as well
 
+
+def accel_mode_from_environment() -> str:
+    """``off`` where ``RLHFKIT_ACCEL`` is 0 / false / off / no, else ``auto``: the default of ``--accel``."""
+    return "off" if os.environ.get(ACCEL_SWITCH, "1").strip().lower() in ("0", "false", "off", "no") else "auto"
+
+
+def accel() -> Any:
     return dataclasses.field(
-        default_factory=mode_from_environment,
+        default_factory=accel_mode_from_environment,
         metadata={
             "doc": "The performance code: 'auto' turns on what applies on the device the run computes on (on the "
             "CPU all of it; on a GPU the kernel swaps, the lean decode step and the block-wise vocabulary log-probs, "

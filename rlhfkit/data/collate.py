@@ -13,6 +13,11 @@ import torch
 from rlhfkit.data.encode import Encoded
 
 
+def chunks(items: list, size: int) -> list[list]:
+    """``items`` in consecutive lists of ``size`` (the last one shorter)."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def pad(seqs: list[list[int]], value: int, side: str = "right") -> torch.Tensor:
     """``[B, L]`` long tensor of the sequences padded with ``value`` to the longest."""
     width = max(len(s) for s in seqs)

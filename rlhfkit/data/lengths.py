@@ -9,18 +9,20 @@ load. Rows are numbered from 1 in the order of the data file.
 
 from __future__ import annotations
 
-import os
-import sys
+import logging
 
 from rlhfkit.data.encode import prompt_token_ids
 from rlhfkit.errors import UserError, option
-from rlhfkit.models.loading import position_limit
+
+logger = logging.getLogger(__name__)
+
+Positions = tuple[int, str] | None  # the most positions a model reads, and its config.json key; None: no limit
 
 
 def note(message: str) -> None:
-    """One line on stderr, from the first process only (every process reads the same data)."""
-    if int(os.environ.get("RANK", "0") or 0) == 0:
-        print(f"note: {message}", file=sys.stderr, flush=True)
+    """One ``note:`` message (the command line shows the first process's only: every process reads the same
+    data)."""
+    logger.info("note: %s", message)
 
 
 def _longest(lengths: list[int], rows: list[int]) -> str:
@@ -49,10 +51,12 @@ def encode_prompts(tokenizer, prompts: list, max_prompt_length: int, truncate: b
     return [ids[-max_prompt_length:] for ids in full]
 
 
-def check_generation_fits(model: str, prompt_ids: list[list[int]], max_new_tokens: int, max_total_tokens: int = 0):
+def check_generation_fits(
+    model: str, limit: Positions, prompt_ids: list[list[int]], max_new_tokens: int, max_total_tokens: int = 0
+):
     """A UserError when the longest prompt plus ``max_new_tokens`` (or a conversation's ``max_total_tokens``)
-    is more than the positions of the model at ``model``; nothing when its config names no limit."""
-    limit = position_limit(model)
+    is more than the positions of the model at ``model`` (``limit``: ``rlhfkit.models.loading.position_limit``);
+    nothing when its config names no limit."""
     if limit is None:
         return
     positions, key = limit
@@ -69,10 +73,10 @@ def check_generation_fits(model: str, prompt_ids: list[list[int]], max_new_token
         )
 
 
-def report_rows(full: list[int], kept: list[int], path: str, data_args, model: str) -> None:
+def report_rows(full: list[int], kept: list[int], path: str, data_args, model: str, limit: Positions) -> None:
     """For training rows (``full``: each row's tokens before any cut; ``kept``: after): a note counting the
     rows that lost tokens to ``--max-length`` / ``--max-prompt-length`` (``data_args``), and a UserError
-    naming the longest kept row when it is longer than the positions of the model at ``model``."""
+    naming the longest kept row when it is longer than the positions of the model at ``model`` (``limit``)."""
     max_length = data_args.max_length
     cut = [i for i, (f, k) in enumerate(zip(full, kept)) if f > k]
     if cut:
@@ -81,7 +85,6 @@ def report_rows(full: list[int], kept: list[int], path: str, data_args, model: s
             f"{option('max_prompt_length', data_args.max_prompt_length)} ({_longest(full, cut)}); they are cut: "
             "the response's end first, then the prompt's start"
         )
-    limit = position_limit(model)
     if limit is None or not kept:
         return
     positions, key = limit
@@ -94,9 +97,9 @@ def report_rows(full: list[int], kept: list[int], path: str, data_args, model: s
         )
 
 
-def report_pair_rows(pairs: list, path: str, data_args, model: str) -> None:
+def report_pair_rows(pairs: list, path: str, data_args, model: str, limit: Positions) -> None:
     """``report_rows`` for preference pairs (``(chosen, rejected)`` ``Encoded``): a row is as long as its
     longer reply's sequence."""
     full = [max(c.full_length, r.full_length) for c, r in pairs]
     kept = [max(len(e.prompt_ids) + len(e.response_ids) for e in pair) for pair in pairs]
-    report_rows(full, kept, path, data_args, model)
+    report_rows(full, kept, path, data_args, model, limit)

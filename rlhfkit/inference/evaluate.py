@@ -10,32 +10,34 @@ KL to the reference is the Monte-Carlo estimate over the sampled responses y ~ p
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
-from rlhfkit.accel.packing import can_pack, pack_batch
 from rlhfkit.config.commands import EvalConfig
-from rlhfkit.data.collate import pad_with_mask
+from rlhfkit.data.collate import chunks, pad_with_mask
 from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.schema import load_examples
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.data.text_stats import text_stats
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import response_logprobs
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
+from rlhfkit.models.reward import RewardScorer
 from rlhfkit.models.sampling import decode, ended_with_stop, sample_responses, stop_token_ids
-from rlhfkit.training.batches import chunks
+from rlhfkit.tasks import get_judge
 from rlhfkit.training.distributed import Ranks, gather_objects
 from rlhfkit.training.runtime import process_state
+
+logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
 def sequence_kl(
     policy, reference, prompt_ids, responses, pad_id: int, temperature: float, device, batch_size: int = 32
 ) -> list[float]:
-    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL). Both models run on
-    packed rows where that is cheaper (``rlhfkit.accel.packing``: the same log-probs)."""
+    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL)."""
     out = []
     for idx in chunks(list(range(len(responses))), batch_size):
         q, qm = pad_with_mask([prompt_ids[i] for i in idx], pad_id, "left", device)
@@ -43,8 +45,7 @@ def sequence_kl(
         ids, mask, T = torch.cat([q, r], 1), torch.cat([qm, rm], 1), r.shape[1]
         logprobs = []
         for model in (policy, reference):
-            packed = pack_batch(model, ids, mask, pad_id, prompt_width=q.shape[1]) if can_pack(model) else None
-            logprobs.append(response_logprobs(model, ids, mask, T, temperature, packed=packed))
+            logprobs.append(response_logprobs(model, ids, mask, T, temperature))
         out += ((logprobs[0] - logprobs[1]) * rm).sum(dim=1).tolist()
     return out
 
@@ -71,7 +72,7 @@ def evaluate_policy(
     ranks = ranks or Ranks()
     tokenizer = load_tokenizer(policy_dir, trust_remote_code)
     every = encode_prompts(tokenizer, prompts, max_prompt_length, generation.truncate_prompts, data_path)
-    check_generation_fits(policy_dir, every, generation.max_new_tokens)
+    check_generation_fits(policy_dir, position_limit(policy_dir), every, generation.max_new_tokens)
     policy = load_causal_lm(policy_dir, trust_remote_code, tokenizer).to(device).eval()
     span = ranks.span(len(prompts))
     mine, prompt_ids = [prompts[i] for i in span], [every[i] for i in span]
@@ -80,8 +81,6 @@ def evaluate_policy(
     texts = [decode(tokenizer, r) for r in responses]
     rows = [{"prompt": p, "response": t, "tokens": len(r)} for p, t, r in zip(mine, texts, responses)]
     if reward_model:
-        from rlhfkit.models.reward import RewardScorer
-
         scorer = RewardScorer.load(reward_model, device, trust_remote_code)
         finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
         for row, s in zip(rows, scorer.score(mine, texts, finished=finished).mean.tolist()):
@@ -116,8 +115,6 @@ def run(cfg: EvalConfig) -> dict:
     examples = load_examples(cfg.io.data, "prompt", "rlhfkit eval")[: cfg.eval.num_prompts or None]
     judge = None
     if cfg.eval.gold_judge:
-        from rlhfkit.tasks import get_judge
-
         try:
             judge = get_judge(cfg.eval.gold_judge)
         except ValueError as exc:
@@ -146,5 +143,5 @@ def run(cfg: EvalConfig) -> dict:
     out.write_text(json.dumps(metrics, indent=2) + "\n")
     with out.with_suffix(".samples.jsonl").open("w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in rows)
-    print(json.dumps(metrics, indent=2))
+    logger.info(json.dumps(metrics, indent=2))
     return metrics

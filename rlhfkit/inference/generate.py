@@ -10,6 +10,7 @@ seed + rank) and the first process writes all rows.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -19,10 +20,12 @@ from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.readers import row_location
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
 from rlhfkit.models.sampling import decode, sample_responses
 from rlhfkit.training.distributed import Ranks, gather_objects
 from rlhfkit.training.runtime import process_state, seed_everything
+
+logger = logging.getLogger(__name__)
 
 
 def run(cfg: GenerateConfig) -> Path:
@@ -41,7 +44,7 @@ def run(cfg: GenerateConfig) -> Path:
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     prompts, truncate = [ex.prompt for ex in examples], cfg.generation.truncate_prompts
     prompts_ids = encode_prompts(tokenizer, prompts, cfg.io.max_prompt_length, truncate, cfg.io.data)
-    check_generation_fits(cfg.model.model, prompts_ids, cfg.generation.max_new_tokens)
+    check_generation_fits(cfg.model.model, position_limit(cfg.model.model), prompts_ids, cfg.generation.max_new_tokens)
     model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
     state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
     ranks, device = Ranks(state.process_index, state.num_processes), state.device
@@ -79,5 +82,5 @@ def run(cfg: GenerateConfig) -> Path:
         out.write_text("".join(rows), encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{out}: cannot write {option('output')} ({exc.strerror})") from None
-    print(f"wrote {len(responses)} responses ({len(examples)} prompts x {per_prompt}) to {out}")
+    logger.info("wrote %d responses (%d prompts x %d) to %s", len(responses), len(examples), per_prompt, out)
     return out

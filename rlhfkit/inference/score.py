@@ -8,6 +8,7 @@ launch`` each process scores a contiguous share of the rows and the first proces
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from rlhfkit.config.commands import ScoreConfig
@@ -17,6 +18,8 @@ from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.training.distributed import Ranks, gather_objects
 from rlhfkit.training.runtime import process_state
+
+logger = logging.getLogger(__name__)
 
 
 def run(cfg: ScoreConfig) -> Path:
@@ -49,5 +52,5 @@ def run(cfg: ScoreConfig) -> Path:
                 record["score_std"] = std[i]
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     tmp.replace(output)
-    print(f"wrote {len(rows)} scored rows to {output}")
+    logger.info("wrote %d scored rows to %s", len(rows), output)
     return output

@@ -59,7 +59,7 @@ def pair_accuracy(
     one half) over preference rows; None for none."""
     if not rows:
         return None
-    scorer = RewardScorer.load(rm_dir, device, trust_remote_code, pack=pack)
+    scorer = RewardScorer.load(rm_dir, device, trust_remote_code)  # (packing: the command's, rlhfkit.accel)
     prompts = [r["prompt"] for r in rows]
     chosen = scorer.score(prompts, [r["chosen"] for r in rows]).mean.float().cpu()
     rejected = scorer.score(prompts, [r["rejected"] for r in rows]).mean.float().cpu()

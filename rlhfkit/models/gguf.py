@@ -17,13 +17,15 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from rlhfkit.cache import cache_root
 from rlhfkit.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 DONE = "dequantised-from.txt"  # written last: its presence marks a complete folder
 
@@ -78,7 +80,7 @@ def _convert(gguf_file: Path, folder: Path, what: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"de-quantising {gguf_file} to fp32 (once; kept in {folder})", file=sys.stderr, flush=True)
+    logger.info("de-quantising %s to fp32 (once; kept in %s)", gguf_file, folder)
     where = {"pretrained_model_name_or_path": str(gguf_file.parent), "gguf_file": gguf_file.name}
     try:
         tokenizer = AutoTokenizer.from_pretrained(**where, local_files_only=True)

@@ -8,11 +8,14 @@ the same in rollouts and updates (RL fine-tuning needs that).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 from rlhfkit.config.commands import InitModelConfig
 from rlhfkit.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
@@ -138,5 +141,7 @@ def init_model(cfg: InitModelConfig) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     n = sum(p.numel() for p in model.parameters())
-    print(f"wrote a {cfg.size} {cfg.arch} model ({n / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) to {out}")
+    logger.info(
+        "wrote a %s %s model (%.2fM parameters, vocabulary %d) to %s", cfg.size, cfg.arch, n / 1e6, len(tokenizer), out
+    )
     return out

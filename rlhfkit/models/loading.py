@@ -5,7 +5,7 @@ cache (``rlhfkit.models.gguf``) and loaded from there.
 
 A missing pad token is set to EOS (so padding works); ``trust_remote_code`` is passed only when the
 user asks for it. Every ``from_pretrained`` here passes ``local_files_only=True``, so no hub is contacted.
-Each loaded model goes through ``rlhfkit.accel.prepare_model`` (the kernel swaps), here and only here.
+Each loaded model goes through ``prepare_loaded``, here and only here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 
 from rlhfkit.errors import UserError, invocation
+from rlhfkit.models.fastpath import replaceable
 from rlhfkit.models.gguf import dequantised_folder, is_gguf
+
+STATS_FILE = "reward_stats.json"  # beside a reward model made by ``rlhfkit rm`` (``rlhfkit.models.reward``)
 
 
 def model_folder(path: str, what: str = "model") -> str:
@@ -67,9 +70,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
 
 
 def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
-    """``auto_cls.from_pretrained`` on a checked local directory (safetensors, no hub), then the kernel swaps."""
-    from rlhfkit.accel import prepare_model
-
+    """``auto_cls.from_pretrained`` on a checked local directory (safetensors, no hub), then ``prepare_loaded``."""
     path = str(check_model_dir(path, what))
     try:
         model = auto_cls.from_pretrained(
@@ -77,8 +78,14 @@ def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **k
         )
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
-    prepare_model(model)
+    prepare_loaded(model)
     return model
+
+
+@replaceable
+def prepare_loaded(model) -> None:
+    """Called on each model ``load_pretrained`` loads; in the plain code, nothing (a faster implementation may
+    change how its modules compute, never what: ``rlhfkit.models.fastpath``)."""
 
 
 def load_causal_lm(path: str, trust_remote_code: bool = False, tokenizer=None):
@@ -131,8 +138,6 @@ def classifier_class(path: str) -> str | None:
     """What makes a checked model directory a reward model: the sequence-classifier class its config.json
     names (e.g. ``GPT2ForSequenceClassification``), or rlhfkit's score statistics beside it (``rlhfkit rm``
     writes them); None otherwise."""
-    from rlhfkit.models.reward import STATS_FILE
-
     names = [name for name in architectures(path) if name.endswith("ForSequenceClassification")]
     if names:
         return names[0]

@@ -13,14 +13,12 @@ from pathlib import Path
 import torch
 
 from rlhfkit.errors import UserError, option
-from rlhfkit.training.checkpoint import assert_finite
+from rlhfkit.models.fastpath import replaceable
 
 
 def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
     """Wrap ``model`` with LoRA adapters of rank ``lora.lora_r``; only the adapters are trainable."""
     from peft import LoraConfig, get_peft_model
-
-    from rlhfkit.accel.trainable import fuse_lora_linears
 
     targets = lora.lora_target_modules
     target_modules = "all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
@@ -37,8 +35,14 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
             wrapped = get_peft_model(model, config)
         except ValueError as exc:  # e.g. no module matches --lora-target-modules
             raise UserError(f"{option('lora_target_modules', targets)}: {str(exc).splitlines()[0]}") from None
-    fuse_lora_linears(wrapped)  # the adapters' sum in one in-place product (rlhfkit.accel)
+    prepare_adapters(wrapped)
     return wrapped
+
+
+@replaceable
+def prepare_adapters(model) -> None:
+    """Called on each model ``apply_lora`` wraps; in the plain code, nothing (a faster implementation may change
+    how its adapter layers compute, never what: ``rlhfkit.models.fastpath``)."""
 
 
 def is_lora(model) -> bool:
@@ -91,6 +95,14 @@ def save_pretrained(
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+def assert_finite(models: dict[str, torch.nn.Module]) -> None:
+    """Raise FloatingPointError when a floating-point parameter or buffer of one of ``models`` is not finite."""
+    for name, model in models.items():
+        for pname, p in model.state_dict().items():
+            if p.is_floating_point() and not torch.isfinite(p).all():
+                raise FloatingPointError(f"refusing to save {name}: parameter {pname} is not finite")
 
 
 def _check_finite(state: dict) -> None:

@@ -9,12 +9,17 @@ merged weights are W + (lora_alpha / r)·B·A, as the training run's own merged 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 from rlhfkit.config.commands import MergeConfig
 from rlhfkit.errors import UserError, option
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.lora import save_pretrained
+from rlhfkit.models.reward import build_reward_model
+
+logger = logging.getLogger(__name__)
 
 ADAPTER_CONFIG = "adapter_config.json"
 KEPT_FILES = ("reward_stats.json",)  # a reward model's score statistics travel with it
@@ -42,9 +47,6 @@ def merge(adapter: str, output_dir: str, model: str = "", trust_remote_code: boo
     """Merge the LoRA adapter at ``adapter`` into ``model`` (default: the base its config names) and write the
     result to ``output_dir``; returns that folder."""
     from peft import PeftModel
-
-    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.models.reward import build_reward_model
 
     config = adapter_config(adapter)
     base = model or config.get("base_model_name_or_path") or ""
@@ -76,5 +78,5 @@ def merge(adapter: str, output_dir: str, model: str = "", trust_remote_code: boo
 
 def run(cfg: MergeConfig) -> Path:
     out = merge(cfg.adapter, cfg.output_dir, cfg.model, cfg.trust_remote_code)
-    print(f"merged model saved to {out.resolve()}", flush=True)
+    logger.info("merged model saved to %s", out.resolve())
     return out

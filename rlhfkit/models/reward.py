@@ -24,16 +24,20 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.accel.packing import can_pack, pack_batch, prompt_first
-from rlhfkit.data.collate import SequenceBatch, collate_pairs
+from rlhfkit.data.collate import SequenceBatch, chunks, collate_pairs
 from rlhfkit.data.encode import Encoded, encode_pair
 from rlhfkit.data.schema import Text
 from rlhfkit.errors import UserError
-from rlhfkit.models.loading import load_pretrained, load_reward_model, load_tokenizer, match_tokenizer
+from rlhfkit.models.fastpath import replaceable
+from rlhfkit.models.loading import (
+    STATS_FILE,
+    load_pretrained,
+    load_reward_model,
+    load_tokenizer,
+    match_tokenizer,
+)
 from rlhfkit.models.unwrap import base_model, without_ddp
-from rlhfkit.training.batches import chunks
 
-STATS_FILE = "reward_stats.json"
 ENSEMBLE_FILE = "ensemble.json"
 DEFAULT_MAX_PROMPT_LENGTH = 128
 
@@ -66,42 +70,33 @@ def build_reward_model(path: str, tokenizer, trust_remote_code: bool = False):
     return model
 
 
-def sequence_scores(model, batch: SequenceBatch, pack_sequences: bool = True) -> torch.Tensor:
-    """``[B]`` float32 reward of each right-padded prompt + response row (carries the gradient).
-    ``pack_sequences``: run a decoder on packed rows where that is cheaper (``rlhfkit.accel.packing``); rows
-    with the same prompt tokens then share one copy of them (the reply at each position sees the same tokens)."""
+@replaceable
+def sequence_scores(model, batch: SequenceBatch) -> torch.Tensor:
+    """``[B]`` float32 reward of each right-padded prompt + response row (carries the gradient)."""
     inner = without_ddp(model)
     if is_encoder(inner):
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, 0].float()
-    packed, shift = None, 0
-    if pack_sequences and can_pack(inner):
-        # Rows with one prompt (a pair's chosen and rejected replies) may share one copy of it in the packed rows.
-        pad_id = inner.config.pad_token_id or 0
-        ids, mask, width, shift = prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, pad_id)
-        packed = pack_batch(inner, ids, mask, pad_id, prompt_width=width)
+    per_position = head_outputs(inner, lambda: model(input_ids=batch.input_ids, attention_mask=batch.attention_mask))
+    last = batch.last_token_index()  # [B]
+    return per_position[torch.arange(len(last), device=last.device), last].float()
+
+
+def head_outputs(inner, run) -> torch.Tensor:
+    """The ``score`` head's output at every position ``[..., L]`` of a decoder reward model ``inner`` (the model
+    inside any DDP wrapper) during ``run()``, the model's forward; its own pooling is not used (module docstring)."""
     captured: list[torch.Tensor] = []
     handle = inner.score.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     try:
-        if packed is None:
-            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        else:
-            packed.run(model, inner)
+        run()
     finally:
         handle.remove()
-    per_position = captured[-1][..., 0]  # [B, L] (or [R, C] packed): the head applied at every position
-    last = batch.last_token_index()  # [B]
-    rows = torch.arange(len(last), device=last.device)
-    if packed is not None:
-        return per_position.reshape(-1)[packed.index[rows, last + shift]].float()
-    return per_position[rows, last].float()
+    return captured[-1][..., 0]
 
 
 @torch.no_grad()
-def score_encoded(
-    model, items: list[Encoded], pad_id: int, batch_size: int, device, pack_sequences: bool = True
-) -> torch.Tensor:
-    """``[N]`` scores of encoded rows, in order; rows are batched by length to waste little padding
-    (and packed, see ``sequence_scores``). Eval mode is set for the pass and the previous mode restored.
+def score_encoded(model, items: list[Encoded], pad_id: int, batch_size: int, device) -> torch.Tensor:
+    """``[N]`` scores of encoded rows, in order; rows are batched by length to waste little padding.
+    Eval mode is set for the pass and the previous mode restored.
     """
     was_training = model.training
     model.eval()
@@ -109,7 +104,7 @@ def score_encoded(
     out = torch.empty(len(items), dtype=torch.float32)
     for idx in chunks(order, batch_size):
         batch = collate_pairs([items[i] for i in idx], pad_id).to(device)
-        out[idx] = sequence_scores(model, batch, pack_sequences).cpu()
+        out[idx] = sequence_scores(model, batch).cpu()
     model.train(was_training)
     return out
 
@@ -171,7 +166,6 @@ class RewardScorer:
         ensemble), or None when the directory has none
     conservative_k: the k of ``ScoreOutput.conservative`` chosen at training time (1.0 if unknown)
     max_length, max_prompt_length: truncation of prompt + response (the lengths used in training)
-    pack: score on packed rows where that is cheaper (``sequence_scores``); the same scores either way
     """
 
     def __init__(
@@ -182,10 +176,8 @@ class RewardScorer:
         conservative_k: float = 1.0,
         max_length: int | None = None,
         max_prompt_length: int = DEFAULT_MAX_PROMPT_LENGTH,
-        pack: bool = True,
     ):
         self.members = members
-        self.pack = pack
         self.device = torch.device(device)
         self.stats = stats
         self.conservative_k = conservative_k
@@ -193,7 +185,7 @@ class RewardScorer:
         self.max_prompt_length = max_prompt_length
 
     @classmethod
-    def load(cls, path: str, device, trust_remote_code: bool = False, pack: bool = True) -> RewardScorer:
+    def load(cls, path: str, device, trust_remote_code: bool = False) -> RewardScorer:
         """Load a reward-model directory, or an ensemble directory (one with ``ensemble.json``)."""
         root = Path(path)
         ensemble = _read_json(root / ENSEMBLE_FILE) if root.is_dir() else None
@@ -217,7 +209,6 @@ class RewardScorer:
             k,
             own.get("max_length"),
             own.get("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
-            pack,
         )
 
     @property
@@ -244,7 +235,7 @@ class RewardScorer:
                 encode_pair(m.tokenizer, p, r, self.max_length, self.max_prompt_length, add_eos=done)
                 for p, r, done in zip(prompts, responses, finished)
             ]
-            rows.append(score_encoded(m.model, items, m.tokenizer.pad_token_id, batch_size, self.device, self.pack))
+            rows.append(score_encoded(m.model, items, m.tokenizer.pad_token_id, batch_size, self.device))
         return torch.stack(rows).to(self.device)
 
     def score(

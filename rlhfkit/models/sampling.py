@@ -19,8 +19,8 @@ import inspect
 
 import torch
 
-from rlhfkit.accel.decode import lean_decoder
 from rlhfkit.data.collate import pad_with_mask
+from rlhfkit.models.fastpath import replaceable
 from rlhfkit.models.unwrap import base_model, without_ddp
 
 
@@ -123,6 +123,15 @@ def distinct_prompts(prompts_ids: list[list[int]]) -> tuple[list[list[int]], lis
     return distinct, index
 
 
+@replaceable
+def decode_step(model, prefill_cache, rows: torch.Tensor, capacity: int):
+    """An object whose ``step(tokens [B, 1], positions [B, 1], mask [B, P + t + 1] bool)`` returns the next
+    logits ``[B, V]`` of the rows continuing ``prefill_cache`` (``rows``: the prompt each row continues; at most
+    ``capacity`` positions), standing in for the model's forward in the decode loop; None (always, in the plain
+    code): the loop calls the model with its ``DynamicCache``."""
+    return None
+
+
 def _decode(
     model,
     input_ids: torch.Tensor,
@@ -141,9 +150,8 @@ def _decode(
     1. Prefill: the model's forward over the U prompts (``logits_to_keep=1`` skips the LM head on all but
        the last position); its last logits and key / value cache are then repeated to the B rows. Each row
        gets exactly the numbers a forward of its own prompt row gives, so sharing changes no sample.
-    2. Decode: one new token per row and step, ``rlhfkit.accel.decode``'s lean step where it covers the model,
-       else the model's forward with a ``DynamicCache`` (``model`` is called directly: a PEFT wrapper applies
-       its adapters).
+    2. Decode: one new token per row and step, the model's forward with a ``DynamicCache`` (``model`` is called
+       directly: a PEFT wrapper applies its adapters), or the step ``decode_step`` gives.
     """
     from transformers import DynamicCache
 
@@ -171,7 +179,7 @@ def _decode(
     mask[:, :prompt_len] = attention_mask[rows] if shared else attention_mask
     positions = positions[rows, -1:] if shared else positions[:, -1:]  # [B, 1], the last prompt token's
     logits = logits[rows] if shared else logits
-    lean = lean_decoder(model, cache, rows, prompt_len + g.max_new_tokens, getattr(g, "compile_decode", False))
+    lean = decode_step(model, cache, rows, prompt_len + g.max_new_tokens)
     if lean is not None:
         mask = mask.bool()
     elif shared:

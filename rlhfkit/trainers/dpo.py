@@ -24,15 +24,14 @@ from dataclasses import dataclass
 import torch
 
 from rlhfkit.config.commands import DPOConfig
-from rlhfkit.data.collate import SequenceBatch, collate_preferences
+from rlhfkit.data.collate import SequenceBatch, chunks, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import load_examples
 from rlhfkit.models.forward import sequence_logprobs
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
 from rlhfkit.models.lora import adapters_off, apply_lora
 from rlhfkit.ops import dpo_loss
-from rlhfkit.training.batches import chunks
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout, seed_everything
 from rlhfkit.training.session import Session, Trainables
@@ -83,9 +82,8 @@ class Reference:
     that ``logps`` fills as rows are first asked for.
     """
 
-    def __init__(self, model: torch.nn.Module, pack_sequences: bool = True):
+    def __init__(self, model: torch.nn.Module):
         self.model: torch.nn.Module | None = model
-        self.pack_sequences = pack_sequences
         self.tables: dict[str, torch.Tensor] = {}
 
     def release(self) -> None:
@@ -96,7 +94,7 @@ class Reference:
     def forward(self, seqs: SequenceBatch) -> torch.Tensor:
         assert self.model is not None, "the reference model was released after precomputing"
         with adapters_off(self.model):
-            return sequence_logprobs(self.model, seqs, self.pack_sequences)
+            return sequence_logprobs(self.model, seqs)
 
     def precompute(
         self, split: str, pairs: list[Pair], pad_id: int, batch_size: int, device, autocast, report=None
@@ -153,7 +151,7 @@ def encode_all(tokenizer, examples, data_args, path: str = "", model: str = "") 
     # encode_pair keeps at least one response token (EOS at worst), so every pair has something to compare.
     pairs = [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
     if path and model:
-        report_pair_rows(pairs, path, data_args, model)
+        report_pair_rows(pairs, path, data_args, model, position_limit(model))
     return pairs
 
 
@@ -167,16 +165,13 @@ def evaluate(
     args,
     device,
     autocast,
-    pack_sequences: bool = True,
 ) -> dict[str, float]:
     model.eval()
     totals = dict.fromkeys(METRICS, 0.0)
     for rows in chunks(list(range(len(pairs))), batch_size):
         batch = make_batch(pairs, rows, pad_id, device)
         with autocast():
-            _, sums = pair_losses(
-                sequence_logprobs(model, batch.seqs, pack_sequences), reference.logps(batch, "eval"), args
-            )
+            _, sums = pair_losses(sequence_logprobs(model, batch.seqs), reference.logps(batch, "eval"), args)
         totals = {k: totals[k] + sums[k] for k in METRICS}
     model.train()
     return {f"eval/{k}": v / len(pairs) for k, v in totals.items()}
@@ -205,14 +200,14 @@ def train(cfg: DPOConfig) -> dict:
     if lora:
         seed_everything(cfg.run.seed)  # the adapters' initialisation: the same run for the same seed
         model = apply_lora(model, cfg.lora)
-    pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
+    pad_id = tokenizer.pad_token_id
 
     # 3. The reference, the batch and the loss; the shared loop does the rest.
     def objective(session: Session, trainables: Trainables) -> Objective:
         accelerator, device = session.accelerator, session.device
         rows = session.micro_batch_size(cfg.optim)
         policy = accelerator.unwrap_model(trainables.model)
-        reference = Reference(frozen.pop().to(device) if frozen else policy, pack_sequences)  # the only handle
+        reference = Reference(frozen.pop().to(device) if frozen else policy)  # the only handle
 
         def report(split):
             return lambda done, n: session.logger.note(f"reference log-probs of {split} pairs: {done}/{n}")
@@ -236,7 +231,7 @@ def train(cfg: DPOConfig) -> dict:
         session.logger.note("")
 
         def loss(model, batch: PairBatch):
-            policy_logps = sequence_logprobs(model, batch.seqs, pack_sequences)  # [2B]: chosen + rejected
+            policy_logps = sequence_logprobs(model, batch.seqs)  # [2B]: chosen + rejected
             losses, sums = pair_losses(policy_logps, reference.logps(batch, "train"), cfg.dpo)
             return losses.sum(), sums
 
@@ -250,7 +245,6 @@ def train(cfg: DPOConfig) -> dict:
                 cfg.dpo,
                 device,
                 accelerator.autocast,
-                pack_sequences,
             )
 
         return Objective(

@@ -15,6 +15,7 @@ metrics.jsonl and checkpoints), listed in ``OUT/ensemble.json`` with the ensembl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,12 +23,12 @@ import torch
 from accelerate import PartialState
 
 from rlhfkit.config.commands import RMConfig
-from rlhfkit.data.collate import SequenceBatch, collate_preferences
+from rlhfkit.data.collate import SequenceBatch, chunks, collate_preferences
 from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.files import write_json
-from rlhfkit.models.loading import load_tokenizer
+from rlhfkit.models.loading import load_tokenizer, position_limit
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import (
     ENSEMBLE_FILE,
@@ -39,11 +40,12 @@ from rlhfkit.models.reward import (
 )
 from rlhfkit.ops import bradley_terry_loss
 from rlhfkit.training import engines, trackers
-from rlhfkit.training.batches import chunks
 from rlhfkit.training.checkpoint import Checkpointer
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout, pick_device, seed_everything
 from rlhfkit.training.session import Session, Trainables
+
+logger = logging.getLogger(__name__)
 
 # reward_stats.json (the score mean and std PPO normalises with) comes from at most this many training pairs
 STATS_PAIRS = 500
@@ -75,7 +77,7 @@ def encode_all(tokenizer, examples: list[PreferenceExample], data_args, path: st
     one longer than the model's positions stops the run (``rlhfkit.data.lengths.report_rows``)."""
     pairs = [encode_preference(tokenizer, ex, data_args.max_length, data_args.max_prompt_length) for ex in examples]
     if path and model:
-        report_pair_rows(pairs, path, data_args, model)
+        report_pair_rows(pairs, path, data_args, model, position_limit(model))
     return Pairs([c for c, _ in pairs], [r for _, r in pairs], [ex.margin or 0.0 for ex in examples])
 
 
@@ -103,18 +105,18 @@ def preference_loss(
     return loss
 
 
-def pair_scores(model, batch: PairBatch, pack_sequences: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(model, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """``([B], [B])`` chosen and rejected scores from one forward pass over the [2B, L] batch."""
-    return sequence_scores(model, batch.seqs, pack_sequences).chunk(2)
+    return sequence_scores(model, batch.seqs).chunk(2)
 
 
 @torch.no_grad()
 def score_pairs(
-    model, pairs: Pairs, pad_id: int, rows: int, device, pack_sequences: bool = True, idx: list[int] | None = None
+    model, pairs: Pairs, pad_id: int, rows: int, device, idx: list[int] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``([N], [N])`` chosen and rejected scores of the pairs ``idx`` (default: all), in that order, ``rows``
     sequences (rows // 2 pairs) per forward, batched by length. A pair's two replies go through the same
-    forward, as in training, so packing lays their prompt out once. Eval mode for the pass, then restored."""
+    forward, as in training (packed, their prompt is laid out once). Eval mode for the pass, then restored."""
     idx = list(range(len(pairs.chosen))) if idx is None else idx
 
     def length(i: int) -> int:
@@ -126,7 +128,7 @@ def score_pairs(
     chosen, rejected = torch.empty(len(idx)), torch.empty(len(idx))
     for js in chunks(sorted(range(len(idx)), key=lambda j: length(idx[j])), max(1, rows // 2)):
         batch = collate(pairs, [idx[j] for j in js], pad_id)
-        c, r = pair_scores(model, PairBatch(batch.seqs.to(device), batch.margin), pack_sequences)
+        c, r = pair_scores(model, PairBatch(batch.seqs.to(device), batch.margin))
         chosen[js], rejected[js] = c.float().cpu(), r.float().cpu()
     model.train(was_training)
     return chosen, rejected
@@ -142,10 +144,8 @@ def stats_pairs(n: int) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate(
-    model, pairs: Pairs, pad_id: int, batch_size: int, device, pack_sequences: bool = True
-) -> dict[str, float]:
-    chosen, rejected = score_pairs(model, pairs, pad_id, batch_size, device, pack_sequences)
+def evaluate(model, pairs: Pairs, pad_id: int, batch_size: int, device) -> dict[str, float]:
+    chosen, rejected = score_pairs(model, pairs, pad_id, batch_size, device)
     margin = torch.tensor(pairs.margin)
     return {
         "eval/loss": float(bradley_terry_loss(chosen, rejected, margin)),
@@ -174,7 +174,7 @@ def train(cfg: RMConfig) -> dict:
     if not PartialState().is_main_process:
         return {}
     metrics = write_ensemble(cfg, members, train_examples, eval_examples)
-    print(f"reward-model ensemble ({len(members)} members) saved to {out.resolve()}", flush=True)
+    logger.info("reward-model ensemble (%d members) saved to %s", len(members), out.resolve())
     return metrics
 
 
@@ -216,7 +216,7 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
     if cfg.lora.lora_r > 0:  # adapters on the backbone; the new score head trains in full beside them
         model = apply_lora(model, cfg.lora, task_type="SEQ_CLS")
 
-    pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
+    pad_id = tokenizer.pad_token_id
 
     # 2. The batch and the loss; the shared loop does the rest.
     def objective(session: Session, _trainables) -> Objective:
@@ -225,7 +225,7 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
             return PairBatch(batch.seqs.to(session.device), batch.margin.to(session.device))
 
         def loss(model, batch: PairBatch):
-            chosen, rejected = pair_scores(model, batch, pack_sequences)
+            chosen, rejected = pair_scores(model, batch)
             n = batch.num_pairs
             loss_sum = preference_loss(chosen, rejected, batch.margin, cfg.reward.center_coef) * n
             c, r = chosen.detach(), rejected.detach()
@@ -240,7 +240,7 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
         score_rows = 2 * session.micro_batch_size(cfg.optim)
 
         def held_out(model) -> dict[str, float]:
-            return evaluate(model, eval_pairs, pad_id, score_rows, session.device, pack_sequences)
+            return evaluate(model, eval_pairs, pad_id, score_rows, session.device)
 
         return Objective(
             collate_rows,
@@ -261,7 +261,7 @@ def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examp
         )
         rows = 2 * session.micro_batch_size(cfg.optim)
         picked = stats_pairs(len(train_pairs.chosen))
-        scores = torch.cat(score_pairs(model, train_pairs, pad_id, rows, session.device, pack_sequences, picked))
+        scores = torch.cat(score_pairs(model, train_pairs, pad_id, rows, session.device, picked))
         session.finish(trainables.model, tokenizer, close=False)
         if session.is_main:
             stats = {
@@ -290,7 +290,7 @@ def write_ensemble(
     }
     write_json(root / ENSEMBLE_FILE, info)  # a preliminary file so RewardScorer can load the ensemble
     device = pick_device(cfg.run.cpu)
-    scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences)
+    scorer = RewardScorer.load(str(root), device, cfg.model.trust_remote_code)
     rows = 2 * max(1, cfg.optim.batch_size // cfg.optim.gradient_accumulation_steps)
     picked = [train_examples[i] for i in stats_pairs(len(train_examples))]
     prompts = [ex.prompt for ex in picked]

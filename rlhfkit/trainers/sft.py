@@ -12,30 +12,28 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.config.commands import SFTConfig
-from rlhfkit.data.collate import collate_sft
+from rlhfkit.data.collate import chunks, collate_sft
 from rlhfkit.data.encode import IGNORE_INDEX, encode_sft_counted
 from rlhfkit.data.lengths import report_rows
 from rlhfkit.data.readers import row_location
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import labelled_logprobs, next_token_logits
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
 from rlhfkit.models.lora import apply_lora
-from rlhfkit.training.batches import chunks
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import seed_everything
 from rlhfkit.training.session import Session
 
 
-def token_loss_sum(model, batch: dict, pack_sequences: bool = False) -> tuple[torch.Tensor, int]:
-    """Sum of next-token cross-entropy over labelled tokens, and their count (``pack_sequences``: see
-    ``next_token_logits``). At a real vocabulary the LM head runs on the labelled positions only
-    (``labelled_logprobs``): the loss is minus the sum of their log-probs, the same number."""
+def token_loss_sum(model, batch: dict) -> tuple[torch.Tensor, int]:
+    """Sum of next-token cross-entropy over labelled tokens, and their count. Where ``labelled_logprobs`` gives
+    the labelled tokens' log-probs without the logits, the loss is minus their sum, the same number."""
     labelled = batch["labels"][:, 1:] != IGNORE_INDEX
-    logprobs = labelled_logprobs(model, batch["input_ids"], batch["attention_mask"], labelled, pack_sequences)
+    logprobs = labelled_logprobs(model, batch["input_ids"], batch["attention_mask"], labelled)
     if logprobs is not None:
         return -logprobs.sum(), int(labelled.sum())
-    logits = next_token_logits(model, batch["input_ids"], batch["attention_mask"], pack_sequences)  # [B, L-1, V]
+    logits = next_token_logits(model, batch["input_ids"], batch["attention_mask"])  # [B, L-1, V]
     labels = batch["labels"][:, 1:]  # position t predicts token t + 1
     loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
     return loss, int((labels != IGNORE_INDEX).sum())
@@ -61,17 +59,17 @@ def encode_all(tokenizer, examples, data_args, path: str, model: str = "") -> li
                 f"{option('max_length', data_args.max_length)}"
             )
     if model:
-        report_rows(full, [len(ids) for ids, _ in items], path, data_args, model)
+        report_rows(full, [len(ids) for ids, _ in items], path, data_args, model, position_limit(model))
     return items
 
 
 @torch.no_grad()
-def evaluate(model, items, pad_id: int, batch_size: int, device, pack_sequences: bool = False) -> float:
+def evaluate(model, items, pad_id: int, batch_size: int, device) -> float:
     model.eval()
     total, count = 0.0, 0
     for chunk in chunks(items, batch_size):
         batch = {k: v.to(device) for k, v in collate_sft(chunk, pad_id).items()}
-        loss, n = token_loss_sum(model, batch, pack_sequences)
+        loss, n = token_loss_sum(model, batch)
         total, count = total + float(loss), count + n
     model.train()
     return total / max(count, 1)
@@ -90,7 +88,7 @@ def train(cfg: SFTConfig) -> dict:
     if cfg.lora.lora_r > 0:
         seed_everything(cfg.run.seed)  # the adapters' initialisation: the same run for the same seed
         model = apply_lora(model, cfg.lora)
-    pad_id, pack_sequences = tokenizer.pad_token_id, cfg.packing.pack_sequences
+    pad_id = tokenizer.pad_token_id
 
     # 3. The batch and the loss; the shared loop does the rest.
     def objective(session: Session, _trainables) -> Objective:
@@ -98,14 +96,12 @@ def train(cfg: SFTConfig) -> dict:
             return {k: v.to(session.device) for k, v in collate_sft([train_items[i] for i in rows], pad_id).items()}
 
         def loss(model, batch: dict):
-            loss_sum, _ = token_loss_sum(model, batch, pack_sequences)
+            loss_sum, _ = token_loss_sum(model, batch)
             return loss_sum, {"loss": float(loss_sum.detach())}
 
         def held_out(model) -> dict[str, float]:
             return {
-                "eval/loss": evaluate(
-                    model, eval_items, pad_id, session.micro_batch_size(cfg.optim), session.device, pack_sequences
-                )
+                "eval/loss": evaluate(model, eval_items, pad_id, session.micro_batch_size(cfg.optim), session.device)
             }
 
         return Objective(collate, units=completion_tokens, loss=loss, evaluate=held_out if eval_items else None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlhfkit.data.collate import chunks
 from rlhfkit.training.distributed import Ranks
 from rlhfkit.training.stream import IndexStream
 
@@ -12,7 +13,3 @@ def step_indices(stream: IndexStream, optim, ranks: Ranks) -> list[list[int]]:
     mine = ranks.block(stream.take(optim.batch_size))
     micro = len(mine) // optim.gradient_accumulation_steps
     return chunks(mine, micro)
-
-
-def chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from rlhfkit.errors import UserError, option
+from rlhfkit.models.lora import assert_finite
 
 STATE_FILE = "trainer_state.pt"
 SHARDS = "shards"  # a sharding engine's models and optimizer, one file per rank
@@ -56,13 +57,6 @@ def sha256(path: Path) -> str:
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank}.pt"
-
-
-def assert_finite(models: dict[str, torch.nn.Module]) -> None:
-    for name, model in models.items():
-        for pname, p in model.state_dict().items():
-            if p.is_floating_point() and not torch.isfinite(p).all():
-                raise FloatingPointError(f"refusing to save {name}: parameter {pname} is not finite")
 
 
 def damage(path: Path) -> str | None:
@@ -176,7 +170,7 @@ class Checkpointer:
         for path in reversed(self.complete()):
             problem = damage(path)
             if problem is not None:
-                self.warn(f"warning: checkpoint {path} is damaged ({problem}); trying the one before it")
+                self.warn(f"checkpoint {path} is damaged ({problem}); trying the one before it")
                 continue
             saved_world = json.loads((path / META_FILE).read_text()).get("world_size", 1)
             if saved_world != world:

@@ -7,15 +7,15 @@ Trainers compose these pieces (no base class): ``open_session`` at the start, ``
 
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rlhfkit.config.parse import described_options, save_config
+from rlhfkit.config.parse import described_options, flat_dict, save_config
 from rlhfkit.config.parts import OptimArgs, RunArgs
 from rlhfkit.errors import Preempted, UserError, option
 from rlhfkit.models.lora import save_pretrained
@@ -26,6 +26,8 @@ from rlhfkit.training.logger import MetricsLogger
 from rlhfkit.training.preemption import StopSignal
 from rlhfkit.training.runtime import make_accelerator, seed_everything
 from rlhfkit.training.stream import IndexStream
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -132,9 +134,6 @@ class Session:
     def close(self) -> None:
         self.stop.__exit__()
         self.logger.close()
-        from rlhfkit.accel.vocab import release_blocks
-
-        release_blocks()  # the LM head's kept blocks
 
     def finish(self, model, tokenizer, prefix: str = "", close: bool = True) -> None:
         """The final model in Hugging Face format (LoRA: merged, the adapter under adapter/; with
@@ -151,7 +150,7 @@ class Session:
                 target = getattr(target, part)
             weights = None if full is None else {k[len(prefix) :]: v for k, v in full.items() if k.startswith(prefix)}
             save_pretrained(target, tokenizer, self.output_dir, state_dict=weights, merged=self.save_merged)
-            print(f"model saved to {self.output_dir.resolve()}", flush=True)
+            logger.info("model saved to %s", self.output_dir.resolve())
         self.accelerator.wait_for_everyone()
         if close:
             self.close()
@@ -220,8 +219,6 @@ def check_output_dir(run) -> None:
 def clear_output_dir(config, out: Path) -> None:
     """Empty ``out`` for ``--overwrite-output-dir``, keeping what this run reads from it (data written there by
     the Python API under inputs/, a model inside it)."""
-    from rlhfkit.config.parse import flat_dict
-
     root = out.resolve()
     options = {k: v for k, v in flat_dict(config).items() if k != "output_dir"}
     values = [v for value in options.values() for v in (value if isinstance(value, list) else [value])]
@@ -264,27 +261,23 @@ def open_session(config, run: RunArgs, total_steps: int, desc: str) -> Session:
             clear_output_dir(config, out)
         accelerator.wait_for_everyone()
     seed_everything(run.seed + ranks.rank)  # each process samples differently; rank 0 as a single process
-    checkpointer = Checkpointer(out, run.save_total_limit, warn=_main_only(ranks, print_error))
+    checkpointer = Checkpointer(out, run.save_total_limit, warn=_main_only(ranks, logger.warning))
     start, path = 0, None
     if run.resume:
         path = checkpointer.resume_point(ranks.world)
         start = int(path.name.split("-")[1])
         if ranks.is_main:
-            print_error(f"resuming from {path.resolve()} (step {start} of {total_steps})")
+            logger.info("resuming from %s (step %d of %d)", path.resolve(), start, total_steps)
     if ranks.is_main:
         save_config(config, out)
     trackers.start(accelerator, run, described_options(config))
-    logger = MetricsLogger(
+    metrics = MetricsLogger(
         out, total_steps, start, enabled=ranks.is_main, progress=run.progress, desc=desc, accelerator=accelerator
     )
     lora = getattr(config, "lora", None)
     save_merged = getattr(lora, "save_merged", True)
     stop = StopSignal().__enter__()
-    return Session(accelerator, logger, checkpointer, out, start, total_steps, stop, path, save_merged)
-
-
-def print_error(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    return Session(accelerator, metrics, checkpointer, out, start, total_steps, stop, path, save_merged)
 
 
 def _main_only(ranks: Ranks, fn):

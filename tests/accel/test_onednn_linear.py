@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from rlhfkit.accel import onednn, vocab
+from rlhfkit.accel import onednn, passes, vocab
 from rlhfkit.accel.onednn import OneDNNLinear, fast_linears, linear_matmul, padded_rows
 
 needs_onednn = pytest.mark.skipif(not onednn._onednn_available(), reason="this torch build has no oneDNN linear")
@@ -213,7 +213,7 @@ def test_a_swapped_lm_head_takes_its_block_products_through_onednn(count_onednn_
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config("llama", 64, 1)).eval()
     head = model.get_output_embeddings()
-    assert forward.fused_head(model, 10**9)[2] is vocab.PLAIN  # not swapped: the default products
+    assert passes.fused_head(model, 10**9)[2] is vocab.PLAIN  # not swapped: the default products
     fast_linears(model)
     assert isinstance(head, OneDNNLinear) and isinstance(vocab.head_product(head), vocab.HeadProduct)
     assert vocab.head_product(nn.Linear(4, 8, bias=False)) is None

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from rlhfkit.accel import online
-from rlhfkit.accel.online import Networks, OnlineAccel
+from rlhfkit.accel.online import OnlineAccel
 
 CPU = torch.device("cpu")
 
@@ -36,8 +36,6 @@ def test_off_arranges_nothing(monkeypatch, heap):
     monkeypatch.setenv("RLHFKIT_ACCEL", "0")
     accel = _accel()
     assert not accel.value_apart and not accel.keeps_heap and not accel.trims_heap
-    assert accel.update_passes(8) == [(Networks.ALL, 8)]
-    assert accel.first_pass_networks is Networks.ALL
     accel.after_sampling()
     accel.after_rollout()
     assert heap == []
@@ -46,10 +44,8 @@ def test_off_arranges_nothing(monkeypatch, heap):
 def test_on_the_cpu_the_heap_is_kept_and_the_value_pass_runs_apart(heap):
     accel = _accel()
     assert accel.keeps_heap and accel.value_apart
-    assert accel.first_pass_networks is Networks.POLICY
-    # the policy's pass, then the value model's in quarter micro-batches
-    assert accel.update_passes(8) == [(Networks.POLICY, 8), (Networks.VALUE, 2)]
-    assert accel.value_rows(3) == 1
+    # the value model's micro-batches a quarter of the policy's
+    assert accel.value_rows(8) == 2 and accel.value_rows(3) == 1
     accel.after_sampling()
     accel.after_rollout()
     assert heap == ["keep"]  # kept, not trimmed

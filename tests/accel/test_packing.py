@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import random
+from unittest import mock
 
 import pytest
 import torch
 
-from rlhfkit.accel import onednn, packing
+from rlhfkit import accel
+from rlhfkit.accel import onednn, packing, passes
 from rlhfkit.accel.packing import can_pack, pack_batch, plan_rows
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.trainers.online.policy import ActorCritic, SeparateValueModel
@@ -46,13 +48,19 @@ def always_pack(monkeypatch):
     monkeypatch.setattr(packing, "SPAN_PER_HIDDEN", 10**6)
 
 
+def packing_on(on: bool):
+    """Run as a command does with ``--pack-sequences`` on or off (``--accel auto``)."""
+    return accel.switched("auto", options={"pack_sequences": on})
+
+
 def padded_then_packed(model, run) -> list[tuple[torch.Tensor, dict]]:
-    """``run(pack_sequences)`` -> output ``[N]`` (or a scalar); each way, backpropagate a fixed weighting of it and
-    return (output, gradient of every weight): ``[padded, packed]``."""
+    """``run()`` -> output ``[N]`` (or a scalar), with packing off, then on; each way, backpropagate a fixed
+    weighting of it and return (output, gradient of every weight): ``[padded, packed]``."""
     results = []
     for pack_sequences in (False, True):
         model.zero_grad()
-        out = run(pack_sequences)
+        with packing_on(pack_sequences):
+            out = run()
         (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
         results.append((out.detach(), {n: w.grad.clone() for n, w in model.named_parameters() if w.grad is not None}))
     return results
@@ -114,7 +122,7 @@ def test_rows_widen_to_a_size_the_onednn_layers_take_unpadded(always_pack, monke
     R, width = packed.input_ids.shape
     assert R == exact[0] and onednn.padded_rows(R * exact[1]) != R * exact[1]  # this batch needs the widening
     assert width > exact[1] and R * width == onednn.padded_rows(R * exact[1])
-    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert_packed_matches_padded(policy, ids, mask, T)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not onednn.onednn_layers(policy)  # 16-bit compute takes the default path
 
@@ -167,30 +175,36 @@ def test_packed_forward_equals_padded_forward(always_pack, arch, attn):
     policy = causal_lm(arch, attn)
     assert can_pack(policy)
     ids, mask, T = ragged_batch(2)
-    packed = pack_batch(policy, ids, mask, PAD)
+    packed = pack_batch(policy, ids, mask, PAD, prompt_width=ids.shape[1] - T)
     assert packed.input_ids.numel() < ids.numel()
-    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert_packed_matches_padded(policy, ids, mask, T)
 
 
-def assert_packed_matches_padded(policy, ids, mask, T: int, packed) -> None:
+def assert_packed_matches_padded(policy, ids, mask, T: int) -> None:
     """An actor-critic on ``policy`` (a value head that is not all zeros): log-probs, values, entropies, every
-    weight's gradient and the no-grad reference log-probs are the same padded and packed."""
+    weight's gradient and the no-grad reference log-probs are the same padded and packed (and packed they are)."""
     ac = ActorCritic(policy)
     torch.nn.init.normal_(ac.value_head.linear.weight, std=0.1)
     response_mask = mask[:, -T:].float()
-    outputs, grads = [], []
-    for p in (None, packed):
+    outputs, grads, ref, packs = [], [], [], []
+    real_pack = passes.pack_batch
+    for on in (False, True):
         ac.zero_grad()
-        out = ac(ids, mask, T, 0.7, True, packed=p)
-        sum(((o * response_mask) * torch.linspace(0.5, 1.5, T)).sum() for o in out).backward()
+        with (
+            packing_on(on),
+            mock.patch.object(passes, "pack_batch", lambda *a: packs.append(real_pack(*a)) or packs[-1]),
+        ):
+            out = ac(ids, mask, T, 0.7, True)
+            sum(((o * response_mask) * torch.linspace(0.5, 1.5, T)).sum() for o in out).backward()
+            ref.append(response_logprobs(policy, ids, mask, T, 0.7) * response_mask)
         outputs.append([o * response_mask for o in out])
         grads.append({n: w.grad.clone() for n, w in ac.named_parameters() if w.grad is not None})
+    assert len(packs) == 1 and packs[0] is not None  # packed once, the reference's pass on the same packing
     for padded, packed_out in zip(*outputs):
         assert torch.allclose(padded, packed_out, atol=2e-5), float((padded - packed_out).abs().max())
     assert grads[0].keys() == grads[1].keys()
     for name, g in grads[0].items():
         assert torch.allclose(g, grads[1][name], atol=2e-5, rtol=1e-4), name
-    ref = [response_logprobs(policy, ids, mask, T, 0.7, packed=p) * response_mask for p in (None, packed)]
     assert torch.allclose(ref[0], ref[1], atol=2e-5)
 
 
@@ -202,9 +216,12 @@ def test_packed_separate_value_model(always_pack):
     torch.manual_seed(1)
     value = SeparateValueModel(AutoModelForSequenceClassification.from_config(config).eval())
     ids, mask, T = ragged_batch(3)
-    packed = pack_batch(value.backbone, ids, mask, PAD)
+    assert pack_batch(value.backbone, ids, mask, PAD, prompt_width=ids.shape[1] - T) is not None
     m = mask[:, -T:].float()
-    assert torch.allclose(value(ids, mask, T) * m, value(ids, mask, T, packed) * m, atol=2e-5)
+    with packing_on(False):
+        padded = value(ids, mask, T) * m
+    with packing_on(True):
+        assert torch.allclose(padded, value(ids, mask, T) * m, atol=2e-5)
 
 
 def test_packing_is_off_where_it_could_change_results():
@@ -243,7 +260,7 @@ def test_packed_reward_scores_equal_padded_scores(always_pack, arch):
         mask[i, :n] = 1
     batch = SequenceBatch(ids, mask, mask)
     assert pack_batch(rm, ids, mask, PAD).input_ids.shape[0] < 9
-    results = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
+    results = padded_then_packed(rm, lambda: sequence_scores(rm, batch))
     assert torch.allclose(results[0][0], results[1][0], atol=2e-5)
     assert_same_gradients(results)
 
@@ -289,7 +306,7 @@ def test_preference_pairs_share_their_prompt_and_score_as_padded(always_pack, ar
     prompt_tokens = sum(len(c.prompt_ids) for c, _ in pairs[:5])
     assert shared.index[mask.bool()].unique().numel() == int(mask.sum()) - prompt_tokens  # each prompt once
 
-    results = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
+    results = padded_then_packed(rm, lambda: sequence_scores(rm, batch))
     assert torch.allclose(results[0][0], results[1][0], atol=2e-5)
     assert_same_gradients(results)
 
@@ -300,7 +317,6 @@ def test_preference_pairs_share_their_prompt_in_dpo_logprobs(always_pack, monkey
     prompt, and the sums and gradients are the padded batch's. (Where the LM head runs a block of positions at a
     time, as at a real vocabulary; here blocks of 3 positions.)"""
     from rlhfkit.accel import packing, vocab
-    from rlhfkit.models import forward
     from rlhfkit.models.forward import sequence_logprobs
 
     monkeypatch.setattr(vocab, "CHUNK_ELEMENTS", 3 * VOCAB)
@@ -308,8 +324,8 @@ def test_preference_pairs_share_their_prompt_in_dpo_logprobs(always_pack, monkey
     policy = causal_lm(arch, "sdpa")
     pairs, batch = preference_pairs(seed=8)
     packed = []
-    monkeypatch.setattr(forward, "pack_batch", lambda *a, **k: packed.append(packing.pack_batch(*a, **k)) or packed[-1])
-    results = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
+    monkeypatch.setattr(passes, "pack_batch", lambda *a, **k: packed.append(packing.pack_batch(*a, **k)) or packed[-1])
+    results = padded_then_packed(policy, lambda: sequence_logprobs(policy, batch))
     assert torch.allclose(results[0][0], results[1][0], atol=5e-5)
     assert_same_gradients(results)
     _, mask, _, _ = packing.prompt_first(batch.input_ids, batch.attention_mask, batch.response_mask, PAD)
@@ -339,7 +355,7 @@ def test_packed_sequence_logprobs_equal_padded(always_pack, arch):
         response[i, p : p + r] = 1
     batch = SequenceBatch(ids, mask, response)
     assert pack_batch(policy, ids, mask, PAD).input_ids.shape[0] < 8
-    results = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
+    results = padded_then_packed(policy, lambda: sequence_logprobs(policy, batch))
     assert torch.allclose(results[0][0], results[1][0], atol=5e-5)
     assert_same_gradients(results)
 
@@ -361,8 +377,8 @@ def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsy
     assert pack_batch(policy, batch["input_ids"], batch["attention_mask"], PAD).input_ids.shape[0] < 8
     counts = {}
 
-    def loss(pack_sequences: bool) -> torch.Tensor:
-        total, counts[pack_sequences] = sft.token_loss_sum(policy, batch, pack_sequences)
+    def loss() -> torch.Tensor:
+        total, counts[accel.setting("pack_sequences")] = sft.token_loss_sum(policy, batch)
         return total
 
     results = padded_then_packed(policy, loss)
@@ -373,9 +389,7 @@ def test_packed_sft_loss_equals_padded(always_pack, monkeypatch, tmp_path, capsy
 
     seen = []
     real = sft.token_loss_sum
-    monkeypatch.setattr(
-        sft, "token_loss_sum", lambda m, b, pack_sequences: seen.append(pack_sequences) or real(m, b, pack_sequences)
-    )
+    monkeypatch.setattr(sft, "token_loss_sum", lambda m, b: seen.append(accel.setting("pack_sequences")) or real(m, b))
     data = write_jsonl(tmp_path / "d.jsonl", sft_rows(16))
     for flag in ("true", "false"):
         seen.clear()
@@ -406,13 +420,15 @@ def test_packed_forward_through_lora_adapters(always_pack):
             torch.nn.init.normal_(w, std=0.05)  # adapters that change the outputs
     assert can_pack(policy)
     ids, mask, T = ragged_batch(8)
-    packed = pack_batch(policy, ids, mask, PAD)
+    assert pack_batch(policy, ids, mask, PAD, prompt_width=ids.shape[1] - T) is not None
     m = mask[:, -T:].float()
     packed_lp = {}
     for adapters in (True, False):
         with adapters_off(policy) if not adapters else torch.enable_grad():
-            padded = response_logprobs(policy, ids, mask, T) * m
-            packed_lp[adapters] = response_logprobs(policy, ids, mask, T, packed=packed) * m
+            with packing_on(False):
+                padded = response_logprobs(policy, ids, mask, T) * m
+            with packing_on(True):
+                packed_lp[adapters] = response_logprobs(policy, ids, mask, T) * m
         assert torch.allclose(padded, packed_lp[adapters], atol=2e-5), adapters
     assert not torch.allclose(packed_lp[True], packed_lp[False], atol=1e-3)  # the adapters do change the policy
 
@@ -472,7 +488,7 @@ def test_shared_prompt_packing_equals_padded_forward(always_pack, arch):
     ids, mask, P, T, _ = grouped_batch(1)
     packed = pack_batch(policy, ids, mask, PAD, prompt_width=P)
     assert packed.input_ids.numel() < pack_batch(policy, ids, mask, PAD).input_ids.numel()
-    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert_packed_matches_padded(policy, ids, mask, T)
 
 
 def test_the_lm_head_runs_on_the_kept_positions_only(always_pack):
@@ -480,15 +496,15 @@ def test_the_lm_head_runs_on_the_kept_positions_only(always_pack):
     position; a hook on the model's forward makes it run whole (the hook must see its call)."""
     policy = causal_lm("gpt2", "sdpa")
     ids, mask, T = ragged_batch(2)
-    packed = pack_batch(policy, ids, mask, PAD)
+    packed = pack_batch(policy, ids, mask, PAD, prompt_width=ids.shape[1] - T)  # as the pass packs them
     rows = []
     handle = policy.lm_head.register_forward_hook(lambda m, a, out: rows.append(out.shape[:-1].numel()))
-    response_logprobs(policy, ids, mask, T, packed=packed)
+    response_logprobs(policy, ids, mask, T)
     assert rows == [len(ids) * T] and len(ids) * T != packed.input_ids.numel()
     calls = []
     hook = policy.register_forward_hook(lambda *a: calls.append(1))
     rows.clear()
-    response_logprobs(policy, ids, mask, T, packed=packed)
+    response_logprobs(policy, ids, mask, T)
     assert calls == [1] and rows == [packed.input_ids.numel()]
     hook.remove(), handle.remove()
 
@@ -540,7 +556,7 @@ def test_a_shared_head_packs_to_the_padded_outputs_and_gradients(always_pack, ar
     ids, mask, P, T, _ = grouped_batch(3, common=5)
     packed = pack_batch(policy, ids, mask, PAD, prompt_width=P if share_prompts else 0)
     assert packed.index[:, :P][mask[:, :P].bool()].unique().numel() < int(mask[:, :P].sum()) - 5 * (len(ids) - 3)
-    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert_packed_matches_padded(policy, ids, mask, T)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -552,7 +568,6 @@ def test_preference_pairs_with_a_common_head_score_and_log_prob_as_padded(always
     from rlhfkit.accel import vocab
     from rlhfkit.data.collate import collate_preferences
     from rlhfkit.data.encode import Encoded
-    from rlhfkit.models import forward, reward
     from rlhfkit.models.forward import sequence_logprobs
     from rlhfkit.models.reward import sequence_scores
 
@@ -571,13 +586,12 @@ def test_preference_pairs_with_a_common_head_score_and_log_prob_as_padded(always
     rm = AutoModelForSequenceClassification.from_config(config).eval()
     packs = []
     real_pack = packing.pack_batch
-    for module in (forward, reward):  # record each packed batch
-        monkeypatch.setattr(module, "pack_batch", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
-    scores = padded_then_packed(rm, lambda pack_sequences: sequence_scores(rm, batch, pack_sequences))
+    monkeypatch.setattr(passes, "pack_batch", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
+    scores = padded_then_packed(rm, lambda: sequence_scores(rm, batch))
     assert torch.allclose(scores[0][0], scores[1][0], atol=2e-5)
     assert_same_gradients(scores)
     policy = causal_lm(arch, "sdpa")
-    logprobs = padded_then_packed(policy, lambda pack_sequences: sequence_logprobs(policy, batch, pack_sequences))
+    logprobs = padded_then_packed(policy, lambda: sequence_logprobs(policy, batch))
     assert torch.allclose(logprobs[0][0], logprobs[1][0], atol=5e-5)
     assert_same_gradients(logprobs)
     assert len(packs) == 2
@@ -604,12 +618,13 @@ def test_evaluation_kl_runs_packed_and_equals_the_padded_kl(always_pack, monkeyp
     responses = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 9))] for _ in prompts]
     packs = []
     real_pack = packing.pack_batch
-    monkeypatch.setattr(evaluate, "pack_batch", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
-    packed = evaluate.sequence_kl(policy, reference, prompts, responses, PAD, 0.7, "cpu", batch_size=4)
-    assert len(packs) == 4 and all(p is not None for p in packs)  # two batches, each model packed
-    monkeypatch.setattr(evaluate, "can_pack", lambda model: False)
-    padded = evaluate.sequence_kl(policy, reference, prompts, responses, PAD, 0.7, "cpu", batch_size=4)
-    assert len(packs) == 4
+    monkeypatch.setattr(passes, "pack_batch", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
+    with packing_on(True):
+        packed = evaluate.sequence_kl(policy, reference, prompts, responses, PAD, 0.7, "cpu", batch_size=4)
+    assert len(packs) == 2 and all(p is not None for p in packs)  # two batches, each packed once for both models
+    with packing_on(False):
+        padded = evaluate.sequence_kl(policy, reference, prompts, responses, PAD, 0.7, "cpu", batch_size=4)
+    assert len(packs) == 2
     assert min(abs(x) for x in padded) > 1e-3  # the two models differ on every response
     assert packed == pytest.approx(padded, abs=1e-4)
 
@@ -626,7 +641,7 @@ def test_packed_rows_read_grouped_keys_in_place(monkeypatch):
     cfg = policy.config
     ids, mask, P, T, _ = grouped_batch(7, groups=2, group_size=5, common=3)
     packed = pack_batch(policy, ids, mask, PAD, prompt_width=P)
-    assert_packed_matches_padded(policy, ids, mask, T, packed)
+    assert_packed_matches_padded(policy, ids, mask, T)
     assert len(calls) == 2 * cfg.num_hidden_layers  # the actor-critic's pass and the reference's
 
     def saved_bytes() -> int:

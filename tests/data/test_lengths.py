@@ -5,6 +5,7 @@ sequence longer than the model's positions stops the run with one line before an
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -39,7 +40,7 @@ def prompts_of(sizes: list[int]) -> list[str]:
     return [" ".join(words[:n]) for n in sizes]
 
 
-def test_long_prompts_stop_unless_truncation_is_asked_for_and_then_are_counted(tok, capsys):
+def test_long_prompts_stop_unless_truncation_is_asked_for_and_then_are_counted(tok, caplog):
     prompts = prompts_of([3, 30, 60, 4])
     lengths = [len(prompt_token_ids(tok, p)) for p in prompts]
     assert lengths[0] < 16 < lengths[1] < lengths[2] and lengths[3] < 16
@@ -50,15 +51,15 @@ def test_long_prompts_stop_unless_truncation_is_asked_for_and_then_are_counted(t
         f"{lengths[2]} tokens): raise --max-prompt-length, or give --truncate-prompts to keep the last 16 tokens "
         "of each"
     )
-    capsys.readouterr()
-    ids = encode_prompts(tok, prompts, 16, True, "prompts.jsonl")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rlhfkit"):
+        ids = encode_prompts(tok, prompts, 16, True, "prompts.jsonl")
     assert [len(i) for i in ids] == [lengths[0], 16, 16, lengths[3]]
     assert ids[2] == prompt_token_ids(tok, prompts[2])[-16:]  # the end is what the response follows
-    err = capsys.readouterr().err
-    assert err == (
+    assert caplog.messages == [
         f"note: prompts.jsonl: 2 of 4 prompts are longer than --max-prompt-length 16 tokens (the longest: row 3, "
-        f"{lengths[2]} tokens); each keeps its last 16 (--truncate-prompts)\n"
-    )
+        f"{lengths[2]} tokens); each keeps its last 16 (--truncate-prompts)"
+    ]
     assert encode_prompts(tok, prompts, 1000, False, "prompts.jsonl")[2] == prompt_token_ids(tok, prompts[2])
 
 
@@ -124,11 +125,13 @@ def test_a_model_without_a_position_limit_is_not_checked(tiny_model_dir, tmp_pat
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "model.safetensors").write_bytes(b"")
     assert loading.position_limit(str(folder)) is None
-    check_generation_fits(str(folder), [[1] * 10_000], 10_000)  # nothing to check against
+    check_generation_fits(
+        str(folder), loading.position_limit(str(folder)), [[1] * 10_000], 10_000
+    )  # nothing to check against
     assert loading.position_limit(str(tiny_model_dir)) == (256, "n_positions")
 
 
-def test_sft_counts_the_rows_it_cuts_and_names_a_row_with_no_completion_left(tiny_model_dir, tmp_path, capsys):
+def test_sft_counts_the_rows_it_cuts_and_names_a_row_with_no_completion_left(tiny_model_dir, tmp_path, caplog):
     from rlhfkit.config.parts import DataArgs
     from rlhfkit.data.schema import SFTExample
     from rlhfkit.trainers.sft import encode_all
@@ -140,14 +143,15 @@ def test_sft_counts_the_rows_it_cuts_and_names_a_row_with_no_completion_left(tin
         SFTExample(prompt="Question: hi? Answer:", completion=" " + long),
         SFTExample(prompt="Question: " + long + " Answer:", completion=" ok"),
     ]
-    items = encode_all(tok, rows, DataArgs(max_length=32, max_prompt_length=20), "sft.jsonl", str(tiny_model_dir))
+    with caplog.at_level(logging.INFO, logger="rlhfkit"):
+        items = encode_all(tok, rows, DataArgs(max_length=32, max_prompt_length=20), "sft.jsonl", str(tiny_model_dir))
     assert len(items[1][0]) == 32  # the completion's end cut
     assert sum(label == IGNORE_INDEX for label in items[2][1]) == 20  # the prompt's start cut
     full = len(prompt_token_ids(tok, rows[1].prompt)) + len(tok(" " + long)["input_ids"]) + 1  # + EOS
-    assert capsys.readouterr().err == (
+    assert caplog.messages == [
         f"note: sft.jsonl: 2 of 3 rows do not fit --max-length 32 / --max-prompt-length 20 (the longest: row 2, "
-        f"{full} tokens); they are cut: the response's end first, then the prompt's start\n"
-    )
+        f"{full} tokens); they are cut: the response's end first, then the prompt's start"
+    ]
     conversation = [{"role": "user", "content": long}, {"role": "assistant", "content": "ok"}]
     with pytest.raises(UserError, match=r"sft.jsonl: row 1: \d+ tokens, no completion tokens left after truncation to "
                        r"--max-length 16"):  # fmt: skip

@@ -12,8 +12,8 @@ def test_k_samples_per_prompt_are_written_as_a_responses_list(tiny_model_dir, tm
     data = write_jsonl(tmp_path / "prompts.jsonl", prompts)
     out = tmp_path / "candidates.jsonl"
     args = ["generate", "--model", tiny_model_dir, "--data", data, "--output", out, "--max-new-tokens", 8]
-    code, stdout, _ = run_cli(capsys, *args, "--num-samples", 3, "--batch-size", 4)
-    assert code == 0 and "wrote 6 responses (2 prompts x 3)" in stdout
+    code, _, err = run_cli(capsys, *args, "--num-samples", 3, "--batch-size", 4)
+    assert code == 0 and "wrote 6 responses (2 prompts x 3)" in err
     rows = read_jsonl(out)
     assert [list(r) for r in rows] == [["prompt", "responses", "id"]] * 2
     assert [r["prompt"] for r in rows] == [p["prompt"] for p in prompts]

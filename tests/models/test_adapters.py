@@ -60,7 +60,7 @@ def test_merge_gives_the_merged_save(sft_runs, capsys):
     out = sft_runs / "merged-later"
     code, stdout, err = run_cli(capsys, "merge", "--adapter", sft_runs / "adapter", "--output-dir", out)
     assert code == 0, err
-    assert f"merged model saved to {out.resolve()}" in stdout
+    assert f"merged model saved to {out.resolve()}" in err.splitlines()  # the command line's messages, on stderr
     a, b = load_file(out / "model.safetensors"), load_file(sft_runs / "merged" / "model.safetensors")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

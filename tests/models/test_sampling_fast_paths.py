@@ -4,9 +4,12 @@ its cache repeated to its rows) and the lean decode step (`rlhfkit.accel.decode`
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
+from rlhfkit import accel
 from rlhfkit.accel import decode as lean
 from rlhfkit.config.parts import GenerationArgs, LoraArgs
 from rlhfkit.models import sampling
@@ -41,9 +44,8 @@ def sample_with_logits(model, tok, prompts, args, seed, monkeypatch, share=True,
     outputs = []
     head = sampling.base_model(model).get_output_embeddings()
     hook = head.register_forward_hook(lambda _m, _i, out: outputs.append(out[:, -1].detach().clone()))
-    with monkeypatch.context() as m:
-        if not lean_step:
-            m.setattr(sampling, "lean_decoder", lambda *args: None)
+    # the lean step stands in for the model's forward while a command runs under --accel auto
+    with accel.switched("auto") if lean_step else contextlib.nullcontext():
         try:
             torch.manual_seed(seed)
             got = sample_responses(model, tok, prompts, args, len(prompts), "cpu", share_prompts=share)
@@ -214,7 +216,8 @@ def test_lean_step_runs_weights_reordered_for_its_rows(arch, tok, monkeypatch):
     args = GenerationArgs(max_new_tokens=12)
     layers = lean.base_model(model).config.num_hidden_layers
     torch.manual_seed(0)
-    sample_responses(model, tok, prompts, args, len(prompts), "cpu")
+    with accel.switched("auto"):  # as a command samples
+        sample_responses(model, tok, prompts, args, len(prompts), "cpu")
     assert len(packed) == 7 * layers + 1 and {rows for _, rows in packed} == {len(prompts)}  # 7 per layer, the head
     packed.clear()
     fast = sample_with_logits(model, tok, prompts, args, 0, monkeypatch)  # a hook on the head: it runs as a module

@@ -154,7 +154,7 @@ def test_sigterm_checkpoints_the_step_and_resume_ends_as_an_uninterrupted_run(ti
     assert code == 0, err
     checkpoint = (out / "checkpoints" / f"step-{step}").resolve()
     assert f"resuming from {checkpoint} (step {step} of 40)" in err.splitlines()
-    assert printed.strip().splitlines()[-1] == f"model saved to {out.resolve()}"
+    assert err.strip().splitlines()[-1] == f"model saved to {out.resolve()}"
     whole, resumed = metrics(tmp_path / "whole"), metrics(out)
     assert [r["step"] for r in resumed] == list(range(1, 41))
     for a, b in zip(whole, resumed):

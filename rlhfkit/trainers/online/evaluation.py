@@ -106,7 +106,7 @@ class HeldOutEvaluator:
                     logprobs = response_logprobs(
                         trainer.policy, c.input_ids, c.attention_mask, T, trainer.gen.temperature
                     )
-                    ref = trainer.reference_logprobs(c.input_ids, c.attention_mask, T, None)
+                    ref = trainer.reference_logprobs(c.input_ids, c.attention_mask, T)
                 kl = ((logprobs.float() - ref.float()) * mask).sum(dim=1).tolist()
         reward = trainer.rewards(reward_batch)
         lengths = mask.sum(dim=1).tolist()

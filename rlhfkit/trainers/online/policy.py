@@ -12,15 +12,25 @@ are ``[B, T]`` over response tokens.
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from rlhfkit.accel.online import Networks
-from rlhfkit.accel.packing import PackedBatch
 from rlhfkit.errors import UserError
-from rlhfkit.models.forward import position_ids, response_token_stats
+from rlhfkit.models.forward import response_states, response_token_stats
+
+
+class Networks(Enum):
+    """Which networks of an actor-critic with a separate value model a forward pass runs (``ActorCritic``)."""
+
+    ALL = "all"
+    """The policy and the value function."""
+    POLICY = "policy"
+    """The policy alone (the values come out None)."""
+    VALUE = "value"
+    """The separate value model alone (the log-probs and entropies come out None)."""
 
 
 class ActorCriticOutput(NamedTuple):
@@ -60,15 +70,8 @@ class SeparateValueModel(nn.Module):
         self.backbone = getattr(seq_cls_model, prefix)
         self.score = seq_cls_model.score
 
-    def forward(self, input_ids, attention_mask, n_response: int, packed: PackedBatch | None = None) -> torch.Tensor:
-        if packed is not None:
-            L = input_ids.shape[1]
-            out = packed.run(self.backbone)
-            return self.score(packed.gather(out.last_hidden_state, L - n_response - 1, L - 1)).squeeze(-1)
-        out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
-        )
-        return self.score(out.last_hidden_state[:, -(n_response + 1) : -1]).squeeze(-1)
+    def forward(self, input_ids, attention_mask, n_response: int) -> torch.Tensor:
+        return self.score(response_states(self.backbone, input_ids, attention_mask, n_response)).squeeze(-1)
 
 
 class ActorCritic(nn.Module):
@@ -94,17 +97,13 @@ class ActorCritic(nn.Module):
         n_response: int,
         temperature: float = 1.0,
         with_entropy: bool = False,
-        packed: PackedBatch | None = None,
         networks: Networks = Networks.ALL,
     ) -> ActorCriticOutput:
         """Log-probs of the given response tokens, values (None without a critic) and (optionally) entropies,
-        each ``[B, T]``. ``packed``: the same batch packed (``rlhfkit.accel.packing.pack_batch``), to run on
-        instead. ``networks``: with a separate value model, ``Networks.POLICY`` or ``Networks.VALUE`` runs only
-        that one (the other's outputs are None)."""
+        each ``[B, T]``. ``networks``: with a separate value model, ``Networks.POLICY`` or ``Networks.VALUE`` runs
+        only that one (the other's outputs are None)."""
         if networks is Networks.VALUE:
-            return ActorCriticOutput(
-                None, self.value_model(input_ids, attention_mask, n_response, packed).float(), None
-            )
+            return ActorCriticOutput(None, self.value_model(input_ids, attention_mask, n_response).float(), None)
         logprobs, entropy, hidden = response_token_stats(
             self.policy,
             input_ids,
@@ -113,12 +112,11 @@ class ActorCritic(nn.Module):
             temperature,
             with_entropy,
             hidden=self.value_head is not None,
-            packed=packed,
         )
         if self.value_head is not None:
             values = self.value_head(hidden).float()
         elif self.value_model is not None and networks is Networks.ALL:
-            values = self.value_model(input_ids, attention_mask, n_response, packed).float()
+            values = self.value_model(input_ids, attention_mask, n_response).float()
         else:
             values = None
         return ActorCriticOutput(logprobs, values, entropy)

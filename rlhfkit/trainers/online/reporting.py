@@ -9,9 +9,11 @@ from pathlib import Path
 import torch
 
 from rlhfkit import ops
+from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.sampling import decode, sample_responses
+from rlhfkit.tasks import get_judge
 from rlhfkit.trainers.online.rollout import Rollout
 
 GOLD_PROMPTS = 64  # held-out prompts sampled for reward/gold
@@ -115,8 +117,6 @@ class GoldEvaluator:
     def create(cls, name: str, eval_examples: list) -> GoldEvaluator | None:
         if not name:
             return None
-        from rlhfkit.tasks import get_judge
-
         try:
             judge = get_judge(name)
         except ValueError as exc:
@@ -131,8 +131,6 @@ class GoldEvaluator:
     def responses(self, policy, tokenizer, cfg, device, seed: int = 1234, multiturn=None) -> list[str]:
         """One sampled reply per held-out prompt; with ``multiturn`` (``rlhfkit.multiturn.rollout.MultiTurn``)
         each is a conversation with the run's tools and environment, and its last reply is judged."""
-        from rlhfkit.data.encode import encode_prompt
-
         with torch.random.fork_rng(devices=[]):  # sampling here must not shift the training run's randomness
             torch.manual_seed(seed)
             if multiturn is not None:

@@ -40,6 +40,7 @@ from rlhfkit.data.readers import row_location
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.ops import ensemble_reward
+from rlhfkit.tasks import get_task
 from rlhfkit.userfiles import load_object, replayed_callable
 
 
@@ -331,8 +332,6 @@ def load_function(spec: str, data_path: str = "the data") -> FunctionReward:
 
 
 def _task_reward(spec: str, task_name: str, name: str, data_path: str) -> FunctionReward:
-    from rlhfkit.tasks import get_task
-
     try:
         task = get_task(task_name)
     except ValueError as exc:

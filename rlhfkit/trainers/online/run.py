@@ -13,7 +13,7 @@ from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer, model_folder
+from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer, model_folder, position_limit
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.models.sampling import stop_token_ids
@@ -103,13 +103,14 @@ def check_prompts(cfg: OnlineConfig, tokenizer, examples: list, eval_examples: l
     """The prompts' ids, their lengths said (``rlhfkit.data.lengths``) and checked against the model's
     positions before it loads. A conversation's opening is not cut: --max-total-tokens bounds it."""
     max_prompt, generation = cfg.data.max_prompt_length, cfg.generation
+    model, limit = cfg.model.model, position_limit(cfg.model.model)
     if cfg.multi_turn:
-        check_generation_fits(cfg.model.model, [], generation.max_new_tokens, cfg.multiturn.max_total_tokens)
+        check_generation_fits(model, limit, [], generation.max_new_tokens, cfg.multiturn.max_total_tokens)
         return [encode_prompt(tokenizer, ex.prompt, max_prompt) for ex in examples]
     truncate = generation.truncate_prompts
     ids = encode_prompts(tokenizer, [ex.prompt for ex in examples], max_prompt, truncate, cfg.data.data)
     held_out = encode_prompts(tokenizer, [ex.prompt for ex in eval_examples], max_prompt, truncate, cfg.data.eval_data)
-    check_generation_fits(cfg.model.model, ids + held_out, generation.max_new_tokens)
+    check_generation_fits(model, limit, ids + held_out, generation.max_new_tokens)
     return ids
 
 
@@ -153,9 +154,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     check_split(cfg, ranks.world)
     updates.check_engine(session.accelerator, cfg.optim)
     if scorer is None and cfg.reward.reward_model:
-        scorer = RewardScorer.load(
-            cfg.reward.reward_model, session.device, cfg.model.trust_remote_code, pack=cfg.packing.pack_sequences
-        )
+        scorer = RewardScorer.load(cfg.reward.reward_model, session.device, cfg.model.trust_remote_code)
     rewards = build_rewards(cfg.reward, cfg.data.data, scorer, env, columns) if scorer is not None else rewards
     if ref_model is not None:
         ref_model.to(session.device)

@@ -26,15 +26,14 @@ from dataclasses import replace
 import torch
 
 from rlhfkit import ops
-from rlhfkit.accel.online import Networks, OnlineAccel
-from rlhfkit.accel.packing import PackedBatch, can_pack, pack_batch
+from rlhfkit.accel.online import OnlineAccel
 from rlhfkit.config.online import OnlineConfig
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.lora import adapters_off
 from rlhfkit.multiturn.rollout import MultiTurn
 from rlhfkit.trainers.online import advantages
-from rlhfkit.trainers.online.policy import ActorCritic, ActorCriticOutput
+from rlhfkit.trainers.online.policy import ActorCritic, ActorCriticOutput, Networks
 from rlhfkit.trainers.online.reporting import reward_metrics, rollout_metrics
 from rlhfkit.trainers.online.rewards import RewardOutput, Rewards
 from rlhfkit.trainers.online.rollout import (
@@ -106,8 +105,6 @@ class OnlineTrainer:
             value_pass_apart=critic is not None and critic.value_pass_apart,
             single_process=engines.engine(self.accelerator) == "single",
         )
-        models = [self.policy, ref_model, value_model.backbone if value_model is not None else None]
-        self.pack_sequences = cfg.packing.pack_sequences and all(can_pack(m) for m in models if m is not None)
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
         # the most policy tokens of a row (the length a Dr. GRPO token sum is normalised by)
@@ -118,7 +115,7 @@ class OnlineTrainer:
             self.actor_critic,
             self.optimizer,
             self.scheduler,
-            self.accel,
+            self.accel.value_rows if self.accel.value_apart else None,
             lambda rows, networks: self.forward(rows, networks, with_entropy=True),
             self.shuffle,
             max_tokens,
@@ -154,29 +151,20 @@ class OnlineTrainer:
         )
 
     # ---- the teacher-forced passes ---------------------------------------------------------------
-    def packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> PackedBatch | None:
-        """The batch packed for the teacher-forced passes (``--pack-sequences``), or None to run it padded.
-        The completions of one prompt may share one copy of it (``pack_batch``)."""
-        if not self.pack_sequences:
-            return None
-        return pack_batch(self.policy, input_ids, attention_mask, self.tokenizer.pad_token_id, prompt_width)
-
     def forward(self, rows: Rollout | Completions, networks: Networks, with_entropy: bool) -> ActorCriticOutput:
-        """The actor-critic's pass over ``rows`` (packed when packing is on), with gradients where enabled."""
-        ids, attn = rows.input_ids, rows.attention_mask
-        packed = self.packed(ids, attn, rows.query_ids.shape[1])
+        """The actor-critic's pass over ``rows``, with gradients where enabled."""
         T, temperature = rows.response_ids.shape[1], self.gen.temperature
-        return self.actor_critic(ids, attn, T, temperature, with_entropy, packed=packed, networks=networks)
+        return self.actor_critic(rows.input_ids, rows.attention_mask, T, temperature, with_entropy, networks=networks)
 
-    def reference_logprobs(self, input_ids, attention_mask, n_response: int, packed) -> torch.Tensor:
+    def reference_logprobs(self, input_ids, attention_mask, n_response: int) -> torch.Tensor:
         """``[B, T]`` log-probs under the frozen reference (LoRA: the policy with its adapters off)."""
         temperature = self.gen.temperature
         if self.ref_model is None:
             # the policy is called outside the wrapped actor-critic's forward: under FSDP2 its parameters are
             # gathered for the pass, as for sampling
             with engines.gathered_for_generation(self.accelerator, self.actor_critic), adapters_off(self.policy):
-                return response_logprobs(self.policy, input_ids, attention_mask, n_response, temperature, packed)
-        return response_logprobs(self.ref_model, input_ids, attention_mask, n_response, temperature, packed)
+                return response_logprobs(self.policy, input_ids, attention_mask, n_response, temperature)
+        return response_logprobs(self.ref_model, input_ids, attention_mask, n_response, temperature)
 
     def score_tokens(self, c: Completions) -> tuple[ActorCriticOutput, torch.Tensor | None, ActorCriticOutput | None]:
         """Steps 3-4: the old log-probs and values ``[B, T]`` (masked to the policy's tokens), the reference's
@@ -185,20 +173,17 @@ class OnlineTrainer:
         ids, attn, T = c.input_ids, c.attention_mask, c.response_ids.shape[1]
         first_pass = None
         with self.accelerator.autocast():
-            packed = self.packed(ids, attn, c.query_ids.shape[1])
             if self.reuses_first_pass:
                 self.actor_critic.train()
-                networks = self.accel.first_pass_networks
+                networks = Networks.POLICY if self.accel.value_apart else Networks.ALL
                 with torch.enable_grad():
-                    first_pass = self.actor_critic(
-                        ids, attn, T, self.gen.temperature, True, packed=packed, networks=networks
-                    )
+                    first_pass = self.actor_critic(ids, attn, T, self.gen.temperature, True, networks=networks)
                 logprobs, values = first_pass.logprobs.detach(), _detach(first_pass.values)
                 if self.accel.value_apart:
-                    values = self.actor_critic(ids, attn, T, packed=packed, networks=Networks.VALUE).values
+                    values = self.actor_critic(ids, attn, T, networks=Networks.VALUE).values
             else:
-                logprobs, values, _ = self.actor_critic(ids, attn, T, self.gen.temperature, packed=packed)
-            ref_logprobs = self.reference_logprobs(ids, attn, T, packed) if self.has_reference else None
+                logprobs, values, _ = self.actor_critic(ids, attn, T, self.gen.temperature)
+            ref_logprobs = self.reference_logprobs(ids, attn, T) if self.has_reference else None
         mask = c.action_mask.float()
         old = ActorCriticOutput(logprobs * mask, values * mask if values is not None else None, None)
         return old, ref_logprobs * mask if ref_logprobs is not None else None, first_pass

@@ -11,9 +11,8 @@ from dataclasses import replace
 import torch
 
 from rlhfkit import ops
-from rlhfkit.accel.online import Networks, OnlineAccel
 from rlhfkit.config.online import OnlineConfig
-from rlhfkit.trainers.online.policy import ActorCriticOutput
+from rlhfkit.trainers.online.policy import ActorCriticOutput, Networks
 from rlhfkit.trainers.online.rollout import Rollout
 from rlhfkit.training import updates
 from rlhfkit.training.distributed import any_rank, reduce_sum
@@ -79,10 +78,10 @@ class LossNormaliser:
 
 
 class PPOUpdate:
-    """The epochs of clipped updates on one rollout (step 7), the value model's passes as ``OnlineAccel``
-    arranges them. ``forward(rows, networks)``: a teacher-forced pass with
-    gradients over a ``Rollout``'s rows (log-probs, values, entropies); ``shuffle``: the minibatch order's
-    generator."""
+    """The epochs of clipped updates on one rollout (step 7). ``forward(rows, networks)``: a teacher-forced pass
+    with gradients over a ``Rollout``'s rows (log-probs, values, entropies); ``value_rows(rows)``: where a separate
+    value model's forward and backward run apart from the policy's, the rows of its micro-batches for the policy's
+    ``rows`` (None: one joint pass); ``shuffle``: the minibatch order's generator."""
 
     def __init__(
         self,
@@ -91,13 +90,13 @@ class PPOUpdate:
         actor_critic,
         optimizer,
         scheduler,
-        accel: OnlineAccel,
+        value_rows: Callable[[int], int] | None,
         forward: Callable[[Rollout, Networks], ActorCriticOutput],
         shuffle: torch.Generator,
         max_tokens: int,
     ):
         self.cfg, self.accelerator, self.actor_critic = cfg, accelerator, actor_critic
-        self.optimizer, self.scheduler, self.accel = optimizer, scheduler, accel
+        self.optimizer, self.scheduler, self.value_rows = optimizer, scheduler, value_rows
         self.forward, self.shuffle = forward, shuffle
         self.critic = getattr(cfg, "critic", None) if cfg.needs_critic else None
         self.normaliser = LossNormaliser(cfg.policy.loss_aggregation, accelerator.num_processes)
@@ -158,6 +157,13 @@ class PPOUpdate:
                 n += 1
         return {k: v / n for k, v in sums.items()}
 
+    def passes(self, micro_rows: int) -> list[tuple[Networks, int]]:
+        """The forward and backward passes of one minibatch, as (networks, rows per micro-batch): one joint pass;
+        or the policy's, then the separate value model's (``value_rows``)."""
+        if self.value_rows is None:
+            return [(Networks.ALL, micro_rows)]
+        return [(Networks.POLICY, micro_rows), (Networks.VALUE, self.value_rows(micro_rows))]
+
     def minibatch_backward(
         self,
         rollout: Rollout,
@@ -166,11 +172,11 @@ class PPOUpdate:
         first_pass: ActorCriticOutput | None,
     ) -> dict[str, float]:
         """The backward passes of one minibatch's loss (rows ``mb_index`` of ``rollout``), over its micro-batches
-        and the passes ``OnlineAccel.update_passes`` arranges; returns its loss terms."""
+        and passes (``passes``); returns its loss terms."""
         units = reduce_sum(self.accelerator, self.normaliser.units(rollout.loss_mask[mb_index]))
         micro_rows = len(mb_index) // self.cfg.optim.gradient_accumulation_steps
         stats: dict[str, float] = {}
-        for networks, rows in self.accel.update_passes(micro_rows):
+        for networks, rows in self.passes(micro_rows):
 
             def loss_fn(mb: Rollout, networks: Networks = networks):
                 outputs = None

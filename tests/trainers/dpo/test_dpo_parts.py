@@ -131,10 +131,9 @@ def test_one_policy_pass_per_micro_batch_over_chosen_and_rejected(
     calls = []
     real = dpo.sequence_logprobs
 
-    def recording(model, seqs, pack_sequences):
-        assert pack_sequences  # --pack-sequences (on by default) reaches every policy and reference pass
+    def recording(model, seqs):
         calls.append((torch.is_grad_enabled(), seqs.input_ids.shape[0]))
-        return real(model, seqs, pack_sequences)
+        return real(model, seqs)
 
     monkeypatch.setattr(dpo, "sequence_logprobs", recording)
     cfg = dpo_config(
@@ -164,9 +163,9 @@ def test_lora_precomputes_each_pair_when_first_drawn(dpo_config, monkeypatch):
     calls = []
     real = dpo.sequence_logprobs
 
-    def recording(model, seqs, pack_sequences):
+    def recording(model, seqs):
         calls.append(torch.is_grad_enabled())
-        return real(model, seqs, pack_sequences)
+        return real(model, seqs)
 
     monkeypatch.setattr(dpo, "sequence_logprobs", recording)
     cfg = dpo_config("run", "--lora-r", "4", "--batch-size", "4", "--max-steps", "10", "--precompute-ref", "true")

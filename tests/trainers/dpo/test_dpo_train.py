@@ -192,7 +192,7 @@ def _mean_chosen_logp(model_dir: str, prefs: str) -> float:
     pairs = dpo.encode_all(tokenizer, examples, DataArgs())  # the lengths the runs use (the defaults)
     batch = dpo.make_batch(pairs, list(range(len(pairs))), tokenizer.pad_token_id, "cpu")
     with torch.no_grad():
-        chosen, _ = dpo.split_pairs(sequence_logprobs(model, batch.seqs, False))
+        chosen, _ = dpo.split_pairs(sequence_logprobs(model, batch.seqs))
     return float(chosen.mean())
 
 

@@ -4,6 +4,7 @@ beta = 0, the reward functions' errors, and exact resume."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -64,15 +65,16 @@ def first_last(rows, key, k=3):
 
 
 @pytest.mark.parametrize("command", ["grpo", "rloo"])
-def test_reward_rises_with_a_python_reward_function(task, tmp_path, command, capsys):
+def test_reward_rises_with_a_python_reward_function(task, tmp_path, command, caplog):
     model, prompts, rewards = task
     cfg = parse(
         command,
         f"--model {model} --data {prompts} --output-dir {tmp_path} --reward-fn {rewards}:thanks "
         f"--max-steps 15 --learning-rate 3e-3 {FAST}",
     )
-    train(cfg)
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"model saved to {tmp_path.resolve()}"
+    with caplog.at_level(logging.INFO, logger="rlhfkit"):
+        train(cfg)
+    assert caplog.messages[-1] == f"model saved to {tmp_path.resolve()}"
     rows = read_metrics(tmp_path)
     start, end = first_last(rows, "reward/score")
     assert end > start + 0.4, (start, end)  # from about 0.2 ('thanks' in a fifth of the replies) towards 1

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhfkit.accel.online import Networks
 from rlhfkit.errors import UserError
 from rlhfkit.models.loading import load_reward_model, load_tokenizer
 from rlhfkit.trainers.online import train
+from rlhfkit.trainers.online.policy import Networks
 from rlhfkit.trainers.online.run import build_models
 
 from .conftest import ThanksScorer, parse, read_metrics

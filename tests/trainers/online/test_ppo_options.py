@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhfkit import accel
+from rlhfkit.config.parse import flat_dict
 from rlhfkit.errors import UserError
-from rlhfkit.trainers.online import train
+from rlhfkit.trainers.online import train as train_online
 from tests.helpers import update_apart
 
 from .conftest import ScoreOut, ThanksScorer, parse, read_metrics
@@ -16,6 +18,12 @@ BASE = (
     "--reward-model none --batch-size 8 --max-new-tokens 6 --progress false --normalize-reward false "
     "--learning-rate 1e-3"
 )
+
+
+def train(cfg, **kwargs):
+    """As the command runs: under its --accel mode, its performance options read there (``accel.switched``)."""
+    with accel.switched(cfg.run.accel, options=flat_dict(cfg)):
+        return train_online(cfg, **kwargs)
 
 
 def test_reference_refresh_resets_kl(thanks_task, tmp_path):
@@ -152,7 +160,7 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
     packed_calls = []
     pack_batch = packing.pack_batch
     monkeypatch.setattr(
-        "rlhfkit.trainers.online.trainer.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1]
+        "rlhfkit.accel.passes.pack_batch", lambda *a: packed_calls.append(pack_batch(*a)) or packed_calls[-1]
     )
     model, prompts = thanks_task
     extra = f"--value-model {make_reward_model(model, tmp_path / 'rm')}" if value == "separate" else ""
@@ -163,8 +171,9 @@ def test_packed_sequences_give_the_padded_update(thanks_task, tmp_path, monkeypa
         torch.manual_seed(0)
         train(parse("ppo", f"{args} --pack-sequences {packs} --output-dir {out}"), scorer=ThanksScorer())
         results.append((read_metrics(out), load_file(out / "model.safetensors")))
-    # per step: one packing for the rollout (shared by the reference pass) + one per minibatch (2 epochs x 2),
-    # and a separate value model's pass after the policy's packs each minibatch's quarters (4 rows: 4 x 1)
+    # per step: one packing for the rollout (shared by the value model and the reference) + one per minibatch
+    # (2 epochs x 2), and a separate value model's pass after the policy's packs each minibatch's quarters (4 rows:
+    # 4 x 1)
     from rlhfkit.accel.online import VALUE_PASS_SPLIT
 
     per_update = 1 + VALUE_PASS_SPLIT if value == "separate" else 1
@@ -268,8 +277,8 @@ def test_value_model_pass_apart_gives_the_joint_update(thanks_task, tmp_path, mo
     One minibatch reuses the rollout's forward for the policy; the value model's rollout pass runs alone."""
     from safetensors.torch import load_file
 
-    from rlhfkit.accel.online import VALUE_PASS_SPLIT, Networks
-    from rlhfkit.trainers.online.policy import ActorCritic
+    from rlhfkit.accel.online import VALUE_PASS_SPLIT
+    from rlhfkit.trainers.online.policy import ActorCritic, Networks
 
     model, prompts = thanks_task
     rm = make_reward_model(model, tmp_path / "rm")

@@ -195,6 +195,7 @@ def test_implicit_prompt_pairs_train_end_to_end(tiny_lm, tmp_path):
 def test_pairs_scored_side_by_side_match_each_reply_scored_alone(trained, task_data):
     """Evaluation and the statistics score a pair's two replies in one forward (their prompt laid out once
     when packed): the same scores as each reply scored on its own, for all pairs or a subset in its order."""
+    from rlhfkit import accel
     from rlhfkit.data.schema import load_examples
     from rlhfkit.models.loading import load_reward_model, load_tokenizer
     from rlhfkit.models.reward import score_encoded
@@ -206,11 +207,13 @@ def test_pairs_scored_side_by_side_match_each_reply_scored_alone(trained, task_d
     pairs = encode_all(tokenizer, load_examples(task_data["eval"], "preference", "eval"), cfg.data)
     pad = tokenizer.pad_token_id
     for pack in (True, False):
-        chosen, rejected = score_pairs(model, pairs, pad, 16, "cpu", pack)
-        assert torch.allclose(chosen, score_encoded(model, pairs.chosen, pad, 16, "cpu", pack), atol=1e-5)
-        assert torch.allclose(rejected, score_encoded(model, pairs.rejected, pad, 16, "cpu", pack), atol=1e-5)
+        with accel.switched("auto", options={"pack_sequences": pack}):  # as `rlhfkit rm --pack-sequences PACK`
+            chosen, rejected = score_pairs(model, pairs, pad, 16, "cpu")
+            assert torch.allclose(chosen, score_encoded(model, pairs.chosen, pad, 16, "cpu"), atol=1e-5)
+            assert torch.allclose(rejected, score_encoded(model, pairs.rejected, pad, 16, "cpu"), atol=1e-5)
     some = [7, 3, 50, 0]
-    chosen_some, rejected_some = score_pairs(model, pairs, pad, 6, "cpu", True, some)
+    with accel.switched("auto"):
+        chosen_some, rejected_some = score_pairs(model, pairs, pad, 6, "cpu", some)
     assert torch.allclose(chosen_some, chosen[some], atol=1e-5)
     assert torch.allclose(rejected_some, rejected[some], atol=1e-5)
 

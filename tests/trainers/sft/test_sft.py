@@ -85,8 +85,8 @@ def test_generate_writes_rows_aligned_with_inputs(trained, tmp_path, capsys):
         "--temperature",
         0.3,
     ]
-    code, out, _ = run_cli(capsys, *args, "--output", tmp_path / "a.jsonl")
-    assert code == 0 and "wrote 6 responses" in out
+    code, _, err = run_cli(capsys, *args, "--output", tmp_path / "a.jsonl")
+    assert code == 0 and "wrote 6 responses" in err
     rows = read_jsonl(tmp_path / "a.jsonl")
     assert [r["prompt"] for r in rows] == [p["prompt"] for p in prompts]
     assert [r["id"] for r in rows] == list(range(6)) and rows[2]["meta"] == {"n": "carol"}

@@ -25,7 +25,7 @@ import results_file
 from common import BENCH, ROOT, Results, log
 from stamp import Stamp, summary
 
-POLICIES = ("sft", "ppo", "ppo_no_kl", "dpo", "iterated")
+POLICIES = ("sft", "ppo", "ppo_no_kl", "dpo", "iterated", "online_dpo")
 SAMPLES = ("samples",)  # the report's sample replies: not numbers
 
 

@@ -70,6 +70,7 @@ def run_row(row: tuple, models: dict, data: dict, work: Path, steps: int, seed: 
 def agreement(policy: str, prompts: list[str], max_new_tokens: int = 32) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlhfkit import accel
     from rlhfkit.config.parts import GenerationArgs
     from rlhfkit.data.collate import pad_with_mask
     from rlhfkit.data.encode import encode_prompt
@@ -83,7 +84,8 @@ def agreement(policy: str, prompts: list[str], max_new_tokens: int = 32) -> dict
 
     def run(device: str, bf16: bool, responses=None):
         model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to(device).eval()
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        # as a command runs them: under --accel auto (rlhfkit.accel.switched)
+        with accel.switched("auto"), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             sampled = sample_responses(model, tok, ids, greedy, len(ids), device)
             responses = responses or sampled
             T = max(len(r) for r in responses)

@@ -67,6 +67,14 @@ def layout_prompts(layout: str, texts: list[str], args) -> list[str]:
 
 
 def measure(args) -> list[dict]:
+    """``_measure`` as a command samples: under ``--accel auto`` (``rlhfkit.accel.switched``)."""
+    from rlhfkit import accel
+
+    with accel.switched("auto"):
+        return _measure(args)
+
+
+def _measure(args) -> list[dict]:
     """This process's measurement: per size and layout, ``--calls`` seeded calls after ``--warmup`` ones."""
     import torch
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rlhfkit.config.options import ACCEL_SWITCH, accel_mode_from_environment
 
-if TYPE_CHECKING:  # torch is imported where it is used: the CLI reads the switch without importing torch
+if TYPE_CHECKING:  # torch is imported where it is used
     import torch
     from torch import nn
 
@@ -28,7 +28,7 @@ PIECES = (
     "fused_lora",
 )
 MODES = ("auto", "off")
-_RUN_ON_CPU = {"forced": False}  # set by ``switched`` from a command's --cpu
+_RUN_ON_CPU = {"forced": False}  # set by ``switch`` from a command's --cpu
 # The command's options that steer the performance code (set by ``switched``; these defaults outside a command)
 SETTINGS = {"pack_sequences": True, "compile_decode": False}
 _SETTINGS = dict(SETTINGS)

@@ -329,6 +329,8 @@ def write_report(
             "seconds": seconds,
             "stage_seconds": stage_seconds,
             "stage_load_average": stages.load,
+            # the stages that ran in a child process beside the others: {stage: the stages run meanwhile}
+            "stage_beside": dict(getattr(stages, "beside", {})),
         }
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -2,8 +2,7 @@
 own modules are imported at the top of a module (so what a module needs is in its first lines), no two packages
 import each other, and a lower layer never imports a higher one (LAYERS).
 
-Each rule is checked twice: strictly everywhere but the files named in PENDING, and on those (expected to fail
-until their rework lands). A violation is reported as ``path:line`` and what it imports.
+A violation is reported as ``path:line`` and what it imports.
 """
 
 from __future__ import annotations
@@ -47,19 +46,6 @@ LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 # Imports of rlhfkit modules allowed inside a function: the wrappers of optional heavy dependencies (vLLM, gguf,
 # trackers, browsers), which a module may import only where the feature is used. None is needed today.
 HIDDEN_ALLOWED: frozenset[str] = frozenset()
-
-# Files being reworked (path prefixes) and by what; their violations are checked apart, as expected failures, until
-# the rework lands.
-PENDING = {
-    "rlhfkit/demo/": "the demo's rewrite (runs commands through rlhfkit.cli.main, imports inside functions)",
-    "rlhfkit/accel/": "the accel rework (imports inside functions)",
-    "rlhfkit/config/options.py": "the accel rework (options.accel() imports rlhfkit.accel inside a function)",
-    **dict.fromkeys(
-        ("rlhfkit/models/", "rlhfkit/training/", "rlhfkit/trainers/", "rlhfkit/inference/", "rlhfkit/data/"),
-        "the models/training/trainers/inference/data rework (imports inside functions; models and data importing "
-        "training and models)",
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -213,20 +199,9 @@ RULES = {
 }
 
 
-def _pending(files: list[str]) -> bool:
-    return any(f.startswith(prefix) for f in files for prefix in PENDING)
-
-
 @pytest.mark.parametrize("rule", list(RULES))
-def test_the_rule_holds_outside_the_files_being_reworked(rule):
-    violations = [text for files, text in RULES[rule]() if not _pending(files)]
-    assert not violations, f"{rule}: {len(violations)} violation(s)\n" + "\n".join(violations)
-
-
-@pytest.mark.xfail(strict=False, reason="; ".join(sorted(set(PENDING.values()))))
-@pytest.mark.parametrize("rule", list(RULES))
-def test_the_rule_holds_in_the_files_being_reworked(rule):
-    violations = [text for files, text in RULES[rule]() if _pending(files)]
+def test_the_rule_holds(rule):
+    violations = [text for _, text in RULES[rule]()]
     assert not violations, f"{rule}: {len(violations)} violation(s)\n" + "\n".join(violations)
 
 

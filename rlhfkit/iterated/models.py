@@ -52,9 +52,7 @@ def sample_pairs(policy_dir: str, prompts: list, *args, **kwargs) -> list[tuple[
     return sample_replies(policy_dir, prompts, *args, **kwargs, per_prompt=2)
 
 
-def pair_accuracy(
-    rm_dir: str, rows: list[dict], device, trust_remote_code: bool = False, pack: bool = True
-) -> float | None:
+def pair_accuracy(rm_dir: str, rows: list[dict], device, trust_remote_code: bool = False) -> float | None:
     """How often the reward model (an ensemble: its mean) scores ``chosen`` above ``rejected`` (a tie counts
     one half) over preference rows; None for none."""
     if not rows:

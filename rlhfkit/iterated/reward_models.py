@@ -152,10 +152,9 @@ class RewardModels:
         """Steps 3-4 of a PPO round: the reward model's accuracy on the round's new pairs, then its update on every
         pair so far but the round's held-out share, and its accuracy on that share before and after."""
         c, it = self.cfg, self.cfg.iterate
-        pack = c.packing.pack_sequences
 
         def accuracy(model: str, rows: list[dict]) -> float | None:
-            return clock("rm_accuracy", lambda: pair_accuracy(model, rows, self.device, self.trust, pack))
+            return clock("rm_accuracy", lambda: pair_accuracy(model, rows, self.device, self.trust))
 
         trained, held = split_heldout(prefs, it.rm_holdout, c.run.seed + k)
         write_jsonl(round_dir / "heldout.jsonl", held)

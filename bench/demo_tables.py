@@ -7,7 +7,7 @@ import math
 import statistics
 
 from iterate_tables import t_test_p
-from table_parts import AVX2, Run, mean_se, pm, sources, table
+from table_parts import AVX2, Run, load, mean_se, pm, sources, table
 
 # The SmolLM2-135M-Instruct runs the tables show (machine key, run key); their seeds are shown together.
 SMOLLM2_RUNS = [
@@ -113,9 +113,20 @@ def demo_rounds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
 
 
 # The built-in tiny model's runs (`bench/demo_seeds.py --threads 1`, the demo's default), every row of the demo.
-TINY_RUNS: list[tuple[str, str]] = []
+AVX512_RECORDED = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
+XEON_AMX = "Intel(R) Xeon(R) Processor; torch kernels AVX512, avx2 avx512f avx512_bf16 amx_bf16; 2 cores"
+TINY_RUNS = [(XEON_AMX, "b0b078c263dc --seeds 0,1,2,3,4 --threads 1")]
+# The same plan with DPO's and online DPO's beta at 0.1, before it was chosen on held-out pairs.
+TINY_BETA_01_RUNS = [(AVX512_RECORDED, "d0fc6e7e93a6 --seeds 0,1 --threads 1")]
 TINY_GAINS = {"ppo": "PPO", "iterated": "iterated PPO", "dpo": "DPO", "online_dpo": "online DPO"}
 TINY_PAIRS = (("ppo", "dpo"), ("iterated", "online_dpo"))
+
+
+def p_text(p: float | None) -> str:
+    """A p-value as the tables print it (small ones as a bound; Simpson's rule is not exact down there)."""
+    if p is None:
+        return "—"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
 
 
 def demo_tiny(where: list[tuple[str, str]] | None = None) -> list[str]:
@@ -150,7 +161,7 @@ def demo_tiny(where: list[tuple[str, str]] | None = None) -> list[str]:
         for key in map("-".join, TINY_PAIRS):
             p = t_test_p(columns[key])
             won = sum(d > 0 for d in columns[key])
-            tests.append(f"{'—' if p is None else f'p = {p:.2f}'}, {won} of {len(columns[key])} seeds")
+            tests.append(f"{p_text(p)}, {won} of {len(columns[key])} seeds")
         rows.append(["paired t-test across seeds", "", "", "", "", "", *tests, "", ""])
     header = ["seed", "gold: SFT", *(f"gain: {label}" for label in TINY_GAINS.values()), "PPO − DPO"]
     header += ["iterated PPO − online DPO", "RM accuracy (ceiling)", "minutes"]
@@ -175,3 +186,96 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
         + [f"{statistics.mean(got['stage_load_average'].values()):.1f}" for _, got in seeds]
     )
     return table(["stage", *(f"seed {seed}: seconds" for seed, _ in seeds)], rows)
+
+
+# bench/dpo_beta.py's runs on the built-in model's demo folders (every run of the file on that machine is shown).
+BETA_MACHINE = AVX512_RECORDED
+
+
+def dpo_beta(machine: str | None = None) -> list[str]:
+    """DPO's held-out preference accuracy and held-out DPO loss (the held-out labels' negative log-likelihood
+    under the policy's implicit Bradley-Terry model) per beta and demo seed (bench/dpo_beta.py; a seed's betas
+    may come from several runs), with their means over seeds; the best mean of each is in bold."""
+    machine = BETA_MACHINE if machine is None else machine
+    runs = [Run("dpo_beta", machine, key) for key in load("dpo_beta")["machines"][machine]]
+    got: dict[float, dict[int, dict]] = {}
+    for run in runs:
+        for beta, r in run["betas"].items():
+            got.setdefault(float(beta), {})[int(run["args"]["seed"])] = r
+    seeds = sorted({s for by_seed in got.values() for s in by_seed})
+    full = [b for b in sorted(got) if len(got[b]) == len(seeds)]
+    acc = {b: statistics.mean(r["accuracy"] for r in got[b].values()) for b in full}
+    loss = {b: statistics.mean(r["loss"] for r in got[b].values()) for b in full}
+    best_acc, best_loss = max(acc, key=acc.get), min(loss, key=loss.get)
+
+    def bold(text: str, on: bool) -> str:
+        return f"**{text}**" if on else text
+
+    rows = []
+    for b in sorted(got):
+        cells = [f"{b:g}"]
+        cells += [f"{got[b][s]['accuracy']:.4f}" if s in got[b] else "—" for s in seeds]
+        cells.append(bold(f"{acc[b]:.4f}", b == best_acc) if b in acc else "—")
+        cells += [f"{got[b][s]['loss']:.3f}" if s in got[b] else "—" for s in seeds]
+        cells.append(bold(f"{loss[b]:.3f}", b == best_loss) if b in loss else "—")
+        rows.append(cells)
+    header = ["β", *(f"accuracy: seed {s}" for s in seeds), "mean", *(f"loss: seed {s}" for s in seeds), "mean"]
+    return [*table(header, rows), "", sources(*runs)]
+
+
+# bench/dpo_beta.py --gold on the seeds of TINY_RUNS (their demo folders), read after beta was fixed.
+BETA_GOLD_MACHINE = XEON_AMX
+TINY_DPO_BETA = 3.0  # the beta of DPO in the plan that made TINY_RUNS (rlhfkit/demo/plan.py)
+
+
+def dpo_beta_gold(machine: str | None = None) -> list[str]:
+    """Per beta, over the seeds of the demo runs (mean ± its standard error): DPO's held-out preference accuracy
+    and held-out loss (what beta is chosen on), its gold gain over SFT, PPO's lead over it (the paired t-test's p
+    across seeds, the seeds PPO led in) and its KL to SFT: the runs of bench/dpo_beta.py --gold on the demo's SFT
+    models, and for a beta they lack, the demo's own DPO from TINY_RUNS (gold only)."""
+    machine = BETA_GOLD_MACHINE if machine is None else machine
+    data = load("dpo_beta")["machines"].get(machine, {})
+    runs = [Run("dpo_beta", machine, key) for key, run in data.items() if run.get("gold")]
+    got: dict[float, dict[int, dict]] = {}
+    for run in runs:
+        for beta, r in run["betas"].items():
+            g = r["gold"]
+            got.setdefault(float(beta), {})[int(run["args"]["seed"])] = {
+                "accuracy": r["accuracy"],
+                "loss": r["loss"],
+                "gain": g["gain"]["mean"],
+                "lead": g["ppo_minus_dpo"]["mean"],
+                "kl": g["kl"],
+            }
+    demo = [] if TINY_DPO_BETA in got else [Run("demo", *w) for w in TINY_RUNS]
+    for seed, summary in seeds_of(demo):
+        got.setdefault(TINY_DPO_BETA, {})[int(seed)] = {
+            "gain": gain(summary, "dpo")[0],
+            "lead": gain(summary, "ppo", "dpo")[0],
+            "kl": summary["kl/dpo"],
+        }
+    rows = []
+    for beta in sorted(got):
+        by_seed = list(got[beta].values())
+
+        def column(key: str, digits: int = 2, sign: str = "", rows=by_seed) -> str:
+            values = [r[key] for r in rows if key in r]
+            return pm(mean_se(values), digits, sign) if len(values) == len(rows) else "—"
+
+        leads = [r["lead"] for r in by_seed]
+        note = " (the demo's)" if beta == TINY_DPO_BETA else ""
+        rows.append(
+            [
+                f"{beta:g}{note}",
+                str(len(by_seed)),
+                column("accuracy", 3),
+                column("loss", 3),
+                column("gain", sign="+"),
+                column("lead", sign="+"),
+                f"{p_text(t_test_p(leads))}, {sum(d > 0 for d in leads)} of {len(leads)}",
+                f"{statistics.mean(r['kl'] for r in by_seed):.2f}",
+            ]
+        )
+    header = ["DPO's β", "seeds", "held-out accuracy", "held-out loss", "DPO: gold gain over SFT", "PPO − DPO"]
+    header += ["PPO ahead: t-test, seeds", "DPO: KL to SFT"]
+    return [*table(header, rows), "", sources(*runs, *demo)]

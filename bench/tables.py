@@ -25,7 +25,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from demo_tables import demo_rounds, demo_seeds
+from demo_tables import (
+    TINY_BETA_01_RUNS,
+    demo_rounds,
+    demo_seeds,
+    demo_stage_times,
+    demo_tiny,
+    dpo_beta,
+    dpo_beta_gold,
+)
 from engine_tables import vllm_engine, vllm_learning
 from iterate_tables import iterate_tasks
 from judge_tables import judge
@@ -50,6 +58,7 @@ DOCS = [
     ROOT / "README.md",
     ROOT / "docs" / "concepts.md",
     ROOT / "docs" / "demo.md",
+    ROOT / "docs" / "demo-models.md",
     ROOT / "docs" / "generation.md",
     ROOT / "docs" / "iterated.md",
     ROOT / "docs" / "judge.md",
@@ -487,6 +496,11 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_gpu": real_gpu,
     "demo_seeds": demo_seeds,
     "demo_rounds": demo_rounds,
+    "demo_tiny": demo_tiny,
+    "demo_tiny_beta_0_1": lambda: demo_tiny(TINY_BETA_01_RUNS),
+    "demo_stage_times": demo_stage_times,
+    "dpo_beta": dpo_beta,
+    "dpo_beta_gold": dpo_beta_gold,
     "vllm_engine": vllm_engine,
     "vllm_learning": vllm_learning,
     "iterate_tasks": iterate_tasks,

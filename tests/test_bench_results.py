@@ -51,6 +51,7 @@ def test_every_run_is_filed_under_its_stamp():
     assert [f.name for f in files] == [
         "accel_ab.json",
         "demo.json",
+        "dpo_beta.json",
         "grpo_vs_trl.json",
         "iterate_tasks.json",
         "judge.json",

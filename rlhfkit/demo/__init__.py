@@ -1,1 +1,1 @@
-"""`rlhfkit demo`: the built-in customer-support task end to end, with a report."""
+"""`rlhfkit demo`: a built-in task end to end (customer support by default; arithmetic; tool use), with a report."""

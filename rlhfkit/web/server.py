@@ -23,6 +23,7 @@ import html
 import ipaddress
 import json
 import logging
+import signal
 import socket
 import threading
 import time
@@ -233,6 +234,17 @@ def _loopback_host_names(port: int) -> set[str]:
     return {f"{name}:{port}" for name in ("localhost", "127.0.0.1", "[::1]")}
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, remembering the first signal that stopped it."""
+
+    stopped_by: int | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = sig
+        super().handle_exit(sig, frame)
+
+
 class Server:
     """``app`` served by uvicorn on ``host:port``; ``port=0`` picks a free port. The socket is bound and
     listening from construction, so a client that connects before serving starts waits instead of failing."""
@@ -256,7 +268,7 @@ class Server:
             server_header=False,
             timeout_graceful_shutdown=5,  # seconds a request may still run once stopping
         )
-        self.uvicorn = uvicorn.Server(config)
+        self.uvicorn = _Uvicorn(config)
         self._thread: threading.Thread | None = None
 
     def url(self, path: str = "/") -> str:
@@ -271,6 +283,10 @@ class Server:
             self.uvicorn.run(sockets=[self.socket])
         finally:
             self.socket.close()
+        # uvicorn passes the signal on once it has shut down, but whether a Ctrl-C then surfaces here depends on
+        # when asyncio's own SIGINT handling saw it: the caller always gets KeyboardInterrupt (exit status 130)
+        if self.uvicorn.stopped_by == signal.SIGINT:
+            raise KeyboardInterrupt
 
     def start(self, timeout: float = 30.0) -> Server:
         """Serve in a background thread (the iterate loop, tests, notebooks) until ``stop``."""

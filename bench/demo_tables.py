@@ -30,6 +30,17 @@ def gain(got: dict, name: str, than: str = "sft") -> tuple[float, float]:
     return diff, se
 
 
+def gain_cells(got: dict, pairs, columns: dict[str, list[float]]) -> list[str]:
+    """For each (policy, than) of ``pairs``: the cell "difference ± paired s.e." of ``gain``, the difference
+    appended to ``columns`` under the policy's name (against SFT) or "policy-than"."""
+    cells = []
+    for name, than in pairs:
+        d, se = gain(got, name, than)
+        columns[name if than == "sft" else f"{name}-{than}"].append(d)
+        cells.append(f"{d:+.2f} ± {se:.2f}")
+    return cells
+
+
 def seeds_of(runs: list[Run]) -> list[tuple[str, dict]]:
     """Every seed of ``runs`` in seed order; a seed in two runs stops the tables."""
     seeds = [kv for run in runs for kv in run["seeds"].items()]
@@ -48,14 +59,8 @@ def demo_seeds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
     for seed, got in seeds_of(runs):
         cells = [seed, f"{got['gold/sft']:.2f}"]
         columns["sft"].append(got["gold/sft"])
-        for name in GAINS:
-            d, se = gain(got, name)
-            columns[name].append(d)
-            cells.append(f"{d:+.2f} ± {se:.2f}")
-        for name in ("ppo", "iterated"):
-            d, se = gain(got, name, "dpo")
-            columns[f"{name}-dpo"].append(d)
-            cells.append(f"{d:+.2f} ± {se:.2f}")
+        cells += gain_cells(got, [(name, "sft") for name in GAINS], columns)
+        cells += gain_cells(got, [("ppo", "dpo"), ("iterated", "dpo")], columns)
         columns["rm"].append(got["rm/eval_accuracy"])
         columns["minutes"].append(got["seconds"] / 60)
         cells += [
@@ -141,14 +146,8 @@ def demo_tiny(where: list[tuple[str, str]] | None = None) -> list[str]:
     for seed, got in seeds:
         cells = [seed, f"{got['gold/sft']:.2f}"]
         columns["sft"].append(got["gold/sft"])
-        for name in TINY_GAINS:
-            d, se = gain(got, name)
-            columns[name].append(d)
-            cells.append(f"{d:+.2f} ± {se:.2f}")
-        for a, b in TINY_PAIRS:
-            d, se = gain(got, a, b)
-            columns[f"{a}-{b}"].append(d)
-            cells.append(f"{d:+.2f} ± {se:.2f}")
+        cells += gain_cells(got, [(name, "sft") for name in TINY_GAINS], columns)
+        cells += gain_cells(got, TINY_PAIRS, columns)
         columns["minutes"].append(got["seconds"] / 60)
         cells += [f"{got['rm/eval_accuracy']:.3f} ({got['rm/label_noise_ceiling']:.3f})", f"{got['seconds'] / 60:.1f}"]
         rows.append(cells)

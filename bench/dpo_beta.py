@@ -29,6 +29,7 @@ import results_file
 import torch
 from common import BENCH, Results, log, run_measured
 from stamp import Stamp, summary
+from table_parts import mean_se
 
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.data.schema import load_examples
@@ -74,10 +75,8 @@ def evaluated(args, policy: Path) -> list[dict]:
 
 def paired(a: list[float], b: list[float]) -> dict:
     """mean(a - b) and its standard error, reply by reply."""
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
-    return {"mean": mean, "se": (var / len(d)) ** 0.5}
+    mean, se = mean_se([x - y for x, y in zip(a, b, strict=True)])
+    return {"mean": mean, "se": se}
 
 
 def gold_of(args, out: Path, sft: list[float], ppo: list[float]) -> dict:

@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 # The versions the suite last passed on; CONSTRAINTS= (empty) installs the newest releases instead.
 CONSTRAINTS ?= constraints.txt
 
-.PHONY: venv install real-model browser test test-vllm test-latest constraints lint demo bench clean gpu-check
+.PHONY: venv install real-model browser test test-long test-vllm test-latest constraints lint demo bench clean gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,8 +49,12 @@ browser:
 # -rs lists why tests were skipped (no browser, for instance). The suite runs on the CPU; with RLHFKIT_TEST_GPU=1 on
 # a machine with a CUDA device, the equivalence tests (--accel auto against off) then run again on the GPU.
 test: install browser
-	env -u RLHFKIT_TEST_GPU $(BIN)/python -m pytest -n 2 -rs tests
+	env -u RLHFKIT_TEST_GPU $(BIN)/python -m pytest -n 2 -rs -m "not long" tests
 	$(if $(filter 1 true yes,$(RLHFKIT_TEST_GPU)),PYTHON=$(BIN)/python sh bench/gpu_check.sh)
+
+# The long tier: end-to-end learning runs of a minute or more (marked `long`) whose parts the suite above tests.
+test-long: install
+	env -u RLHFKIT_TEST_GPU $(BIN)/python -m pytest -n 2 -rs -m long tests
 
 # The vLLM tier (tests/vllm: --use-vllm's engine against rlhfkit's own sampler) in its own .venv-vllm, as vLLM
 # pins its own torch and transformers: the main .venv stays without it. torch is installed at the pin and asked

@@ -139,7 +139,8 @@ QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
         max_new_tokens=8,
         gold_steps=1,
     ),
-    "online_dpo": dict(rounds=2, dpo_epochs=1.0, max_new_tokens=8),
+    # a few DPO steps over the offline pairs, as the DPO stage takes, then one a round
+    "online_dpo": dict(rounds=2, dpo_epochs=0.03, max_new_tokens=8),
 }
 
 

@@ -370,50 +370,40 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert main(["demo", "--task", "arithmetic", "--model", str(tiny_model_dir), "--output-dir", str(tmp_path)]) == 1
     assert "runs the support task" in capsys.readouterr().err
 
-    # --resume: a demo stopped during DPO continues there; the stages it finished are kept, not run again
+    # --resume: a demo stopped inside iterated PPO's last round continues that round; the stages it finished are
+    # kept, not run again, with their earlier times; the stage's time counts the first reward model and the rounds
+    # the earlier run finished
     record = json.loads((out / "stages.json").read_text())
     names = list(record["stages"])
     assert names == list(summary["stage_seconds"])
-    cut = names.index("DPO")
-    record["stages"] = {n: record["stages"][n] for n in names[:cut]}
-    (out / "stages.json").write_text(json.dumps(record))
-    shutil.rmtree(out / "dpo")
-    sft_weights = (out / "sft" / "model.safetensors").stat().st_mtime_ns
-    assert main(["demo", *flags, "--resume"]) == 0
-    console = console_lines(capsys.readouterr().err)
-    assert [line.split(":")[0] for line in console if line.startswith("kept")] == [f"kept {n}" for n in names[1:cut]]
-    assert (out / "dpo" / "model.safetensors").is_file()
-    assert (out / "sft" / "model.safetensors").stat().st_mtime_ns == sft_weights
-    resumed = json.loads((out / "summary.json").read_text())
-    assert list(resumed["stage_seconds"]) == names
-    assert resumed["stage_seconds"]["SFT"] == summary["stage_seconds"]["SFT"]  # the earlier run's time
-    assert resumed["seconds"] >= sum(summary["stage_seconds"][n] for n in names[1:cut])
-    # only the same run continues
-    assert main(["demo", *flags, "--resume", "--seed", "1"]) == 1
-    assert "holds a demo run with other settings" in capsys.readouterr().err
-
-    # a demo stopped inside iterated PPO's last round continues that round; the stage's time counts the first
-    # reward model and the rounds the earlier run finished
     iterated = json.loads((out / "iterated" / "summary.json").read_text())
     assert iterated["first_reward_model_seconds"] > 0 and len(iterated["rounds"]) == 2
     done_before = iterated["first_reward_model_seconds"] + iterated["rounds"][0]["seconds"]
     cut = names.index("iterated PPO")
-    record = json.loads((out / "stages.json").read_text())
     record["stages"] = {n: record["stages"][n] for n in names[:cut]}
     (out / "stages.json").write_text(json.dumps(record))
     (out / "iterated" / "round-2" / "round.json").unlink()
     iterated["rounds"] = iterated["rounds"][:1]
     iterated["totals"]["seconds"] = round(done_before, 1)
     (out / "iterated" / "summary.json").write_text(json.dumps(iterated))
+    sft_weights = (out / "sft" / "model.safetensors").stat().st_mtime_ns
     start = time.perf_counter()
     assert main(["demo", *flags, "--resume"]) == 0
     took = time.perf_counter() - start
     printed = capsys.readouterr()
+    console = console_lines(printed.err)
+    assert [line.split(":")[0] for line in console if line.startswith("kept")] == [f"kept {n}" for n in names[1:cut]]
     assert "round 2:" in printed.err and "round 1:" not in printed.err  # round 1 is not redone
     assert "of it by an earlier run" in printed.err
+    assert (out / "sft" / "model.safetensors").stat().st_mtime_ns == sft_weights
     resumed = json.loads((out / "summary.json").read_text())
+    assert list(resumed["stage_seconds"]) == names
+    assert resumed["stage_seconds"]["SFT"] == summary["stage_seconds"]["SFT"]  # the earlier run's time
     assert round(done_before, 1) <= resumed["stage_seconds"]["iterated PPO"] <= round(done_before, 1) + took
     assert len(json.loads((out / "iterated" / "summary.json").read_text())["rounds"]) == 2
+    # only the same run continues
+    assert main(["demo", *flags, "--resume", "--seed", "1"]) == 1
+    assert "holds a demo run with other settings" in capsys.readouterr().err
 
 
 def test_paired_standard_errors_take_the_differences_reply_by_reply():

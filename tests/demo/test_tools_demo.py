@@ -1,11 +1,13 @@
 """`rlhfkit demo --task tools`: the quick run wires init-model -> SFT -> GRPO with the tool -> evaluation and
 writes its report; the report's numbers are the conversations' own; and GRPO with the tool and the
-exact-answer reward does teach a policy to call it."""
+exact-answer reward does teach a policy to call it (in the long tier, `make test-long`)."""
 
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+
+import pytest
 
 from rlhfkit.cli.main import main
 
@@ -97,6 +99,7 @@ def test_full_and_quick_reports_of_the_tools_task(tmp_path):
     assert report.splitlines()[2] == QUICK_RUN and "went from" not in report
 
 
+@pytest.mark.long  # `make test-long`: 1,000 SFT steps and 30 GRPO steps of 64 conversations
 def test_grpo_with_the_tool_raises_tool_use_and_accuracy(tmp_path):
     """From an SFT policy that calls the tool in about two thirds of its answers and copies the numbers into
     the call only part of the time, 30 GRPO steps on the exact-answer reward make it call the tool nearly

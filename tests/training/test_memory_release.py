@@ -82,7 +82,15 @@ def _heap_use(mode: str, **env) -> tuple[bool, int, int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
-def test_kept_heap_memory_holds_large_tensors_and_keeps_them_after_free():
+def test_kept_heap_memory_holds_large_tensors_and_keeps_them_after_free(monkeypatch):
+    from rlhfkit.accel.online import keep_freed_memory
+
+    # the user's own malloc settings, or RLHFKIT_ACCEL=0, are left alone (checked here: nothing is set then)
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=8")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("RLHFKIT_ACCEL", "0")
+    assert keep_freed_memory() is False
     kept, mapped, heap = _heap_use("keep")
     if not kept or mapped < 0:
         pytest.skip("not glibc 2.33+: nothing to tune or measure")
@@ -91,6 +99,3 @@ def test_kept_heap_memory_holds_large_tensors_and_keeps_them_after_free():
     # kept, it comes from the heap and its pages stay there for the next tensors once it is freed
     assert default_mapped >= 24 and default_heap < 24
     assert mapped < 24 and heap >= 24
-    # the user's own malloc settings, or RLHFKIT_ACCEL=0, are left alone
-    assert _heap_use("keep", GLIBC_TUNABLES="glibc.malloc.arena_max=8")[0] is False
-    assert _heap_use("keep", RLHFKIT_ACCEL="0")[0] is False

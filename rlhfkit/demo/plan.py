@@ -171,9 +171,11 @@ def plan(quick: bool, model: str = "") -> Plan:
     pretrained = parameters > LORA_ABOVE
     if quick:
         settings = {k: {**v, **LORA} if pretrained and k != "rm" else v for k, v in QUICK.items()}
-        # a pretrained model's every forward costs ~100x the built-in one's: few rows to score and evaluate
+        # few rows to score and evaluate (a pretrained model's every forward costs ~100x the built-in one's)
         sizes = (
-            {"sft": 32, "sft_eval": 8, "prefs_train": 32, "prefs_eval": 16, "prompts_eval": 8} if pretrained else None
+            {"sft": 32, "sft_eval": 8, "prefs_train": 32, "prefs_eval": 16, "prompts_eval": 8}
+            if pretrained
+            else {"sft": 200, "sft_eval": 16, "prefs_train": 200, "prefs_eval": 100, "prompts_eval": 16}
         )
         return Plan(
             settings,

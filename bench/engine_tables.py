@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import statistics
 
-from table_parts import AVX2, Run, sources, table
+from demo_tables import p_text
+from iterate_tables import t_test_p
+from table_parts import AVX2, Run, mean_se, pm, sources, table
 
 # The run the table shows (machine key, run key).
 VLLM_RUN = (AVX2, "78314bf37071 --steps 3")
@@ -33,42 +35,56 @@ def vllm_engine(where: tuple[str, str] = VLLM_RUN) -> list[str]:
     return [*table(header, rows), "", sources(run)]
 
 
-# The learning comparison's runs the table shows (machine key, run keys): seeds swept in one or more runs.
-LEARNING_RUNS = (
-    "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores",
-    [
-        "d6073a541a14-dirty",
-        "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm",
-        "ac391f8b35bf --seeds 3,4,5 --rows own-lora,vllm-lora",
-    ],
-)
+# The learning comparison's runs the table shows (machine key, run key): seeds swept in one or more runs, on one
+# or more machines.
+AMD_AVX512 = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
+XEON_AMX = "Intel(R) Xeon(R) Processor; torch kernels AVX512, avx2 avx512f avx512_bf16 amx_bf16; 2 cores"
+LEARNING_RUNS = [
+    (AMD_AVX512, "d6073a541a14-dirty"),
+    (AMD_AVX512, "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm"),
+    (AMD_AVX512, "ac391f8b35bf --seeds 3,4,5 --rows own-lora,vllm-lora"),
+    (XEON_AMX, "b09a4f21b238 --seeds 6,7,8,9,10,11,12,13 --rows own"),
+    (XEON_AMX, "b09a4f21b238 --seeds 6,7,8,9,10,11,12,13 --rows vllm"),
+]
 LEARNING_ROWS = {
     "own": ("own", "full"),
     "vllm": ("vLLM", "full"),
     "own-lora": ("own", "LoRA"),
     "vllm-lora": ("vLLM", "LoRA"),
 }
+LEARNING_PAIRS = {"full": ("own", "vllm"), "LoRA": ("own-lora", "vllm-lora")}
 
 
-def vllm_learning(where: tuple[str, list[str]] = LEARNING_RUNS) -> list[str]:
+def vllm_learning(where: list[tuple[str, str]] = LEARNING_RUNS) -> list[str]:
     """GRPO's reward per step with each sampler (bench/vllm_learning.py): every seed's curve, then per row the
-    mean over seeds of each step and of the last quarter of the steps (± its standard error over seeds)."""
-    machine, keys = where
-    runs = [Run("vllm_learning", machine, key) for key in keys]
+    mean over seeds of each step and of the last quarter of the steps (± its standard error over seeds); last,
+    per kind of fine-tuning, own minus vLLM over the seeds run with both (their mean ± standard error, the paired
+    t-test's p, the seeds where the own sampler ended higher)."""
+    runs = [Run("vllm_learning", *w) for w in where]
     results = [r for run in runs for r in run["results"]]
     steps = len(results[0]["reward"])
     tail = max(1, steps // 4)
     joined = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    ends = {name: {} for name in LEARNING_ROWS}  # row -> seed -> mean of the last steps
     rows = []
     for name, (sampler, tuning) in LEARNING_ROWS.items():
         curves = sorted((r for r in results if r["row"] == name), key=lambda r: r["seed"])
         if not curves:
             continue
         for r in curves:
-            rows.append([sampler, tuning, r["seed"], joined(r["reward"]), f"{sum(r['reward'][-tail:]) / tail:.2f}"])
+            ends[name][r["seed"]] = sum(r["reward"][-tail:]) / tail
+            rows.append([sampler, tuning, r["seed"], joined(r["reward"]), f"{ends[name][r['seed']]:.2f}"])
         means = [sum(c["reward"][i] for c in curves) / len(curves) for i in range(steps)]
         tails = [sum(c["reward"][-tail:]) / tail for c in curves]
         spread = f" ± {statistics.stdev(tails) / len(tails) ** 0.5:.2f}" if len(tails) > 1 else ""
         rows.append([sampler, tuning, "mean", joined(means), f"**{sum(tails) / len(tails):.2f}**{spread}"])
+    for tuning, (own, engine) in LEARNING_PAIRS.items():
+        seeds = sorted(set(ends[own]) & set(ends[engine]))
+        if len(seeds) < 2:
+            continue
+        diffs = [ends[own][s] - ends[engine][s] for s in seeds]
+        ahead = sum(d > 0 for d in diffs)
+        summary = f"{pm(mean_se(diffs), sign='+')} ({p_text(t_test_p(diffs))}; own higher in {ahead} of {len(seeds)})"
+        rows.append(["own − vLLM", tuning, f"{len(seeds)} seeds", "paired by seed", summary])
     header = ["sampler", "fine-tuning", "seed", f"reward, steps 1-{steps}", f"mean of steps {steps - tail + 1}-{steps}"]
     return [*table(header, rows), "", sources(*runs)]

@@ -46,17 +46,24 @@ LEARNING_RUNS = [
     (XEON_AMX, "b09a4f21b238 --seeds 6,7,8,9,10,11,12,13 --rows own"),
     (XEON_AMX, "b09a4f21b238 --seeds 6,7,8,9,10,11,12,13 --rows vllm"),
 ]
+# The same comparison with --task number (a reward the model earns about half the time at the start).
+NUMBER_RUNS = [
+    (XEON_AMX, "05850041a842 --task number --steps 10 --rows own,own-lora"),
+    (XEON_AMX, "05850041a842 --task number --steps 10 --rows vllm,vllm-lora"),
+]
 LEARNING_ROWS = {
     "own": ("own", "full"),
     "vllm": ("vLLM", "full"),
     "own-lora": ("own", "LoRA"),
     "vllm-lora": ("vLLM", "LoRA"),
 }
+CURVES = 6  # a row's seeds up to which each seed's curve is shown (beyond: the mean curve, each seed's end)
 LEARNING_PAIRS = {"full": ("own", "vllm"), "LoRA": ("own-lora", "vllm-lora")}
 
 
 def vllm_learning(where: list[tuple[str, str]] = LEARNING_RUNS) -> list[str]:
-    """GRPO's reward per step with each sampler (bench/vllm_learning.py): every seed's curve, then per row the
+    """GRPO's reward per step with each sampler (bench/vllm_learning.py): every seed's curve (up to ``CURVES`` seeds
+    a row; beyond, each seed's end only), then per row the
     mean over seeds of each step and of the last quarter of the steps (± its standard error over seeds); last,
     per kind of fine-tuning, own minus vLLM over the seeds run with both (their mean ± standard error, the paired
     t-test's p, the seeds where the own sampler ended higher)."""
@@ -73,7 +80,8 @@ def vllm_learning(where: list[tuple[str, str]] = LEARNING_RUNS) -> list[str]:
             continue
         for r in curves:
             ends[name][r["seed"]] = sum(r["reward"][-tail:]) / tail
-            rows.append([sampler, tuning, r["seed"], joined(r["reward"]), f"{ends[name][r['seed']]:.2f}"])
+            curve = joined(r["reward"]) if len(curves) <= CURVES else ""  # many seeds: their means below
+            rows.append([sampler, tuning, r["seed"], curve, f"{ends[name][r['seed']]:.2f}"])
         means = [sum(c["reward"][i] for c in curves) / len(curves) for i in range(steps)]
         tails = [sum(c["reward"][-tail:]) / tail for c in curves]
         spread = f" ± {statistics.stdev(tails) / len(tails) ** 0.5:.2f}" if len(tails) > 1 else ""
@@ -88,3 +96,8 @@ def vllm_learning(where: list[tuple[str, str]] = LEARNING_RUNS) -> list[str]:
         rows.append(["own − vLLM", tuning, f"{len(seeds)} seeds", "paired by seed", summary])
     header = ["sampler", "fine-tuning", "seed", f"reward, steps 1-{steps}", f"mean of steps {steps - tail + 1}-{steps}"]
     return [*table(header, rows), "", sources(*runs)]
+
+
+def vllm_learning_number(where: list[tuple[str, str]] = NUMBER_RUNS) -> list[str]:
+    """``vllm_learning``'s table for bench/vllm_learning.py --task number."""
+    return vllm_learning(where)

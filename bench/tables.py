@@ -34,7 +34,7 @@ from demo_tables import (
     dpo_beta,
     dpo_beta_gold,
 )
-from engine_tables import vllm_engine, vllm_learning
+from engine_tables import vllm_engine, vllm_learning, vllm_learning_number
 from iterate_tables import iterate_tasks
 from judge_tables import judge
 from table_parts import (
@@ -503,6 +503,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "dpo_beta_gold": dpo_beta_gold,
     "vllm_engine": vllm_engine,
     "vllm_learning": vllm_learning,
+    "vllm_learning_number": vllm_learning_number,
     "iterate_tasks": iterate_tasks,
     "judge": judge,
 }

@@ -274,6 +274,7 @@ def grpo_cmd(model, prompts, rewards, out, *extra):
             "--output-dir", str(out), *flags.split(), *extra]  # fmt: skip
 
 
+@pytest.mark.long  # two processes resume GRPO after a kill in the suite (test_distributed_online.py)
 def test_grpo_resume_after_kill_matches_uninterrupted(task, tmp_path):
     model, prompts, rewards = task
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -108,6 +108,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.long  # the launcher's multi-node mode; rlhfkit runs as with one launcher (test above)
 def test_two_nodes_on_one_machine_train_as_one_process(tiny_model_dir, data, tmp_path, capsys):
     """Two launchers, one process each, meeting at 127.0.0.1: the multi-node recipe."""
     code, _, err = run_cli(capsys, *command("sft", tiny_model_dir, data, tmp_path / "one"))

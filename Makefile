@@ -52,7 +52,7 @@ test: install browser
 	env -u RLHFKIT_TEST_GPU $(BIN)/python -m pytest -n 2 -rs -m "not long" tests
 	$(if $(filter 1 true yes,$(RLHFKIT_TEST_GPU)),PYTHON=$(BIN)/python sh bench/gpu_check.sh)
 
-# The long tier: end-to-end learning runs of a minute or more (marked `long`) whose parts the suite above tests.
+# The long tier: end-to-end runs (marked `long`; 10 s to over a minute each) whose parts the suite above tests.
 test-long: install
 	env -u RLHFKIT_TEST_GPU $(BIN)/python -m pytest -n 2 -rs -m long tests
 

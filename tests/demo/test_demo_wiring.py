@@ -399,6 +399,7 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     resumed = json.loads((out / "summary.json").read_text())
     assert list(resumed["stage_seconds"]) == names
     assert resumed["stage_seconds"]["SFT"] == summary["stage_seconds"]["SFT"]  # the earlier run's time
+    assert resumed["seconds"] >= sum(summary["stage_seconds"][n] for n in names[1:cut])
     assert round(done_before, 1) <= resumed["stage_seconds"]["iterated PPO"] <= round(done_before, 1) + took
     assert len(json.loads((out / "iterated" / "summary.json").read_text())["rounds"]) == 2
     # only the same run continues

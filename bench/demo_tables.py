@@ -7,7 +7,7 @@ import math
 import statistics
 
 from iterate_tables import t_test_p
-from table_parts import AVX2, Run, load, mean_se, pm, sources, table
+from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, load, mean_se, pm, sources, table
 
 # The SmolLM2-135M-Instruct runs the tables show (machine key, run key); their seeds are shown together.
 SMOLLM2_RUNS = [
@@ -118,8 +118,6 @@ def demo_rounds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
 
 
 # The built-in tiny model's runs (`bench/demo_seeds.py --threads 1`, the demo's default), every row of the demo.
-AVX512_RECORDED = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
-XEON_AMX = "Intel(R) Xeon(R) Processor; torch kernels AVX512, avx2 avx512f avx512_bf16 amx_bf16; 2 cores"
 TINY_RUNS = [(XEON_AMX, "b0b078c263dc --seeds 0,1,2,3,4 --threads 1")]
 # The same plan with DPO's and online DPO's beta at 0.1, before it was chosen on held-out pairs.
 TINY_BETA_01_RUNS = [(AVX512_RECORDED, "d0fc6e7e93a6 --seeds 0,1 --threads 1")]

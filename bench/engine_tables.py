@@ -3,11 +3,9 @@ bench/reported/vllm_engine.json). Standard library only."""
 
 from __future__ import annotations
 
-import statistics
-
 from demo_tables import p_text
 from iterate_tables import t_test_p
-from table_parts import AVX2, Run, mean_se, pm, sources, table
+from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, mean_se, pm, sources, table
 
 # The run the table shows (machine key, run key).
 VLLM_RUN = (AVX2, "78314bf37071 --steps 3")
@@ -37,12 +35,10 @@ def vllm_engine(where: tuple[str, str] = VLLM_RUN) -> list[str]:
 
 # The learning comparison's runs the table shows (machine key, run key): seeds swept in one or more runs, on one
 # or more machines.
-AMD_AVX512 = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
-XEON_AMX = "Intel(R) Xeon(R) Processor; torch kernels AVX512, avx2 avx512f avx512_bf16 amx_bf16; 2 cores"
 LEARNING_RUNS = [
-    (AMD_AVX512, "d6073a541a14-dirty"),
-    (AMD_AVX512, "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm"),
-    (AMD_AVX512, "ac391f8b35bf --seeds 3,4,5 --rows own-lora,vllm-lora"),
+    (AVX512_RECORDED, "d6073a541a14-dirty"),
+    (AVX512_RECORDED, "e029de05bf26-dirty --seeds 3,4,5 --rows own,vllm"),
+    (AVX512_RECORDED, "ac391f8b35bf --seeds 3,4,5 --rows own-lora,vllm-lora"),
     (XEON_AMX, "b09a4f21b238 --seeds 6,7,8,9,10,11,12,13 --rows own"),
     (XEON_AMX, "b09a4f21b238 --seeds 6,7,8,9,10,11,12,13 --rows vllm"),
 ]
@@ -83,9 +79,9 @@ def vllm_learning(where: list[tuple[str, str]] = LEARNING_RUNS) -> list[str]:
             curve = joined(r["reward"]) if len(curves) <= CURVES else ""  # many seeds: their means below
             rows.append([sampler, tuning, r["seed"], curve, f"{ends[name][r['seed']]:.2f}"])
         means = [sum(c["reward"][i] for c in curves) / len(curves) for i in range(steps)]
-        tails = [sum(c["reward"][-tail:]) / tail for c in curves]
-        spread = f" ± {statistics.stdev(tails) / len(tails) ** 0.5:.2f}" if len(tails) > 1 else ""
-        rows.append([sampler, tuning, "mean", joined(means), f"**{sum(tails) / len(tails):.2f}**{spread}"])
+        mean, se = mean_se(list(ends[name].values()))
+        spread = f" ± {se:.2f}" if len(curves) > 1 else ""
+        rows.append([sampler, tuning, "mean", joined(means), f"**{mean:.2f}**{spread}"])
     for tuning, (own, engine) in LEARNING_PAIRS.items():
         seeds = sorted(set(ends[own]) & set(ends[engine]))
         if len(seeds) < 2:

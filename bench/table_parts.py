@@ -16,6 +16,8 @@ REPORTED = BENCH / "reported"
 WIDTH = 110  # the docs' line width, for the text under a table
 
 AVX2 = "AMD EPYC; torch kernels AVX2, avx2; 2 cores"
+AVX512_RECORDED = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
+XEON_AMX = "Intel(R) Xeon(R) Processor; torch kernels AVX512, avx2 avx512f avx512_bf16 amx_bf16; 2 cores"
 AVX512 = "AMD EPYC; AVX-512 with bf16 (described, not recorded); 2 cores"
 
 

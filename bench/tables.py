@@ -40,6 +40,7 @@ from judge_tables import judge
 from table_parts import (
     AVX2,
     AVX512,
+    AVX512_RECORDED,
     ROOT,
     Run,
     cpu_label,
@@ -275,7 +276,7 @@ def speed(compact: bool = False) -> list[str]:
 
 
 # ---- the real model (bench/real_model.py) ------------------------------------------------------------------
-REAL_MACHINE = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
+REAL_MACHINE = AVX512_RECORDED
 REAL_RUNS = [  # in order: a later run's repeat of a row replaces an earlier one of the same seed
     "a2a57db89074-dirty",
     "333e14c097d8 --rows 'sft,dpo,sft vocab-chunk-off,sft checkpointing,dpo checkpointing,rm checkpointing,ppo "

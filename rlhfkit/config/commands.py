@@ -98,7 +98,7 @@ class DPOArgs:
     ref_model: str = ""
     """The reference of the DPO loss: a causal LM folder or .gguf file with the policy's tokenizer (e.g. the SFT
     model when --model starts elsewhere); empty: the starting policy (with LoRA: its backbone with the adapters
-    off)."""
+    off). With --lora-r, a --model that is a LoRA adapter on this model goes on training that adapter."""
     precompute_ref: bool = False
     """Compute each training pair's reference log-probs once and look them up after: with full fine-tuning all
     before training (the reference copy is then freed), with LoRA each the first time its pair is drawn."""

@@ -61,6 +61,10 @@ class IterateArgs:
     batch size and LoRA settings are carried over the same way."""
     rm_batch_size: int = 0
     """Pairs per reward-model step; 0: the batch size the reward model was trained with (else 8)."""
+    rm_lora_r: int = 0
+    """LoRA rank of the reward model's training and updates (with --lora-alpha, --lora-dropout and
+    --lora-target-modules; its score head trains in full); 0: as the reward model was trained (in full for the
+    first one from --model)."""
     rm_holdout: float = 0.2
     """Share of each round's new labelled pairs that the round's reward-model update does not train on: its
     accuracy on them before and after the update shows whether the update generalised (they join the training
@@ -134,6 +138,7 @@ class IterateConfig(PPOConfig):
             min_labels=it.min_labels,
             rm_learning_rate=it.rm_learning_rate,
             rm_batch_size=it.rm_batch_size,
+            rm_lora_r=it.rm_lora_r,
         )
         if not 0 <= it.rm_trust <= 1:
             raise UserError(f"{option('rm_trust')} must be in [0, 1], got {it.rm_trust}")

@@ -110,7 +110,8 @@ class KLArgs:
     ref_model: str = ""
     """The reference of the KL terms: a causal LM folder or .gguf file with the policy's tokenizer (e.g. the SFT
     model when the policy starts elsewhere); empty: a frozen copy of the starting policy (with LoRA: the policy's
-    backbone with its adapters off)."""
+    backbone with its adapters off). With --lora-r, a --model that is a LoRA adapter on this model goes on
+    training that adapter."""
     ref_update_steps: int = 0
     """Copy the policy into the reference every N steps (0: never)."""
     ref_ema: float = 0.0

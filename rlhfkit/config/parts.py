@@ -17,8 +17,9 @@ from rlhfkit.config import options
 @dataclass
 class ModelArgs:
     model: str = ""
-    """Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files), or a .gguf file
-    (de-quantised to fp32 once and cached; needs `pip install 'rlhfkit[gguf]'`)."""
+    """Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files), a .gguf file
+    (de-quantised to fp32 once and cached; needs `pip install 'rlhfkit[gguf]'`), or a LoRA adapter folder on
+    one (what --save-merged false writes), loaded with the adapter merged in."""
     trust_remote_code: bool = options.trust_remote_code()
 
 
@@ -35,8 +36,9 @@ class LoraArgs:
     """Comma-separated module names to adapt, or 'all-linear'."""
     save_merged: bool = True
     """With LoRA, write the final model with the adapter merged into full weights (loadable by every command)
-    and the adapter under OUT/adapter/; false: only the adapter (and the tokenizer) in OUT, which
-    PeftModel.from_pretrained(base, OUT) loads and `rlhfkit merge --adapter OUT` merges later."""
+    and the adapter under OUT/adapter/; false: only the adapter (and the tokenizer) in OUT, a few megabytes,
+    which every command loads as the merged model while its base stays where it was (as do
+    PeftModel.from_pretrained(base, OUT) and `rlhfkit merge --adapter OUT`)."""
 
 
 @dataclass

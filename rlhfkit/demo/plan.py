@@ -76,14 +76,20 @@ TINY = {
     "online_dpo": dict(rounds=3, dpo_epochs=1.0, dpo_beta=3.0, learning_rate=3e-4, max_new_tokens=40, temperature=0.7),
 }
 LORA = dict(lora_r=16, lora_alpha=32)
+# A pretrained model's LoRA stages save their adapters alone, each on the model it started from (SFT's on the
+# given model, PPO's, DPO's and the reward model's on SFT's, a round's on the last round's): a few megabytes each
+# where a merged model is the whole model's size. Every command loads such a folder as its merged model.
+ADAPTERS = dict(**LORA, save_merged=False)
+RM_LORA_RATE = 5e-4
 PRETRAINED = {
     # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo.md). The
     # held-out evaluations of the reward model and DPO run once, at their last step (each is minutes of forward
-    # passes). The reward model's rate is the lowest at which its held-out accuracy still rises at the last of its
-    # steps. PPO makes two epochs of two minibatches over each batch of rollouts: a single update per batch is
+    # passes). Every stage trains LoRA adapters (the reward model's and the value model's score head in full) and
+    # saves them alone; the reward model's rate: bench/rm_lora.py (held-out accuracy and time against training it
+    # in full). PPO makes two epochs of two minibatches over each batch of rollouts: a single update per batch is
     # cheaper a step, but in this budget of steps it leaves the gold score where SFT left it.
-    "sft": dict(max_steps=120, learning_rate=2e-4, batch_size=8, warmup_steps=10, eval_steps=60, **LORA),
-    "rm": dict(max_steps=150, learning_rate=6e-5, batch_size=8, eval_steps=150),
+    "sft": dict(max_steps=120, learning_rate=2e-4, batch_size=8, warmup_steps=10, eval_steps=60, **ADAPTERS),
+    "rm": dict(max_steps=150, learning_rate=RM_LORA_RATE, batch_size=8, eval_steps=150, **ADAPTERS),
     "ppo": dict(
         max_steps=30,
         learning_rate=1e-4,
@@ -95,20 +101,24 @@ PRETRAINED = {
         kl_coef=0.05,
         gold_steps=10,
         sample_steps=10,
-        **LORA,
+        **ADAPTERS,
     ),
     # DPO makes one pass over the 1200 preference labels (150 steps of 8).
-    "dpo": dict(max_steps=150, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=150, **LORA),
+    "dpo": dict(
+        max_steps=150, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=150, **ADAPTERS
+    ),
     # Iterated PPO as on the built-in model: the first reward model makes one pass over half the offline pairs,
     # each of 3 rounds adds a third of the other half (the policy's own pairs) and continues the reward model
     # for 50 steps over every pair so far, and PPO continues for a third of PPO's steps with PPO's settings. Its
-    # value model is a separate network started from the reward model (adapters on its backbone too).
+    # value model is a separate network started from the reward model (adapters on its backbone too). The policy's
+    # adapter goes on training from round to round (the reference is SFT: its adapters off).
     "iterate": dict(
         rounds=3,
         max_steps=10,
         rm_initial_steps=75,
         rm_steps=50,
-        rm_learning_rate=6e-5,
+        rm_learning_rate=RM_LORA_RATE,
+        rm_lora_r=LORA["lora_r"],
         rm_batch_size=8,
         learning_rate=1e-4,
         batch_size=16,
@@ -118,10 +128,10 @@ PRETRAINED = {
         temperature=0.7,
         kl_coef=0.05,
         gold_steps=10,
-        **LORA,
+        **ADAPTERS,
     ),
     "online_dpo": dict(
-        rounds=3, dpo_epochs=1.0, dpo_beta=0.1, learning_rate=5e-5, max_new_tokens=40, temperature=0.7, **LORA
+        rounds=3, dpo_epochs=1.0, dpo_beta=0.1, learning_rate=5e-5, max_new_tokens=40, temperature=0.7, **ADAPTERS
     ),
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
@@ -170,7 +180,9 @@ def plan(quick: bool, model: str = "") -> Plan:
     parameters, parameter_bytes = model_size(model) if model else (0, 4)
     pretrained = parameters > LORA_ABOVE
     if quick:
-        settings = {k: {**v, **LORA} if pretrained and k != "rm" else v for k, v in QUICK.items()}
+        settings = {k: {**v, **ADAPTERS} if pretrained else v for k, v in QUICK.items()}
+        if pretrained:
+            settings["iterate"]["rm_lora_r"] = LORA["lora_r"]
         # few rows to score and evaluate (a pretrained model's every forward costs ~100x the built-in one's)
         sizes = (
             {"sft": 32, "sft_eval": 8, "prefs_train": 32, "prefs_eval": 16, "prompts_eval": 8}

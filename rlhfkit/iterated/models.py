@@ -68,7 +68,8 @@ def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = F
     """Write the value model of PPO's last checkpoint in ``ppo_dir`` as ``ppo_dir/value`` (a reward-model
     folder: the architecture of ``value_init``, the trained weights), then drop the checkpoints (the policy is
     already saved in ``ppo_dir``). ``lora``: the run's ``LoraArgs``; with a rank, the adapters PPO trained on
-    the value model's backbone are merged into its weights."""
+    the value model's backbone are merged into its weights, or with ``save_merged`` false written alone, as a
+    reward model's LoRA adapter on ``value_init`` (its score head saved whole)."""
     latest = Checkpointer(ppo_dir).latest()
     assert latest is not None, f"{ppo_dir}: PPO left no checkpoint to take the value model from"
     weights = load_file(str(latest / "actor_critic.safetensors"))
@@ -76,10 +77,15 @@ def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = F
     model = load_reward_model(value_init, trust_remote_code, tokenizer)
     prefix, backbone_keys, score_keys = model.base_model_prefix, "value_model.backbone.", "value_model.score."
     backbone = {k[len(backbone_keys) :]: v for k, v in weights.items() if k.startswith(backbone_keys)}
+    if lora is not None and lora.lora_r > 0 and not lora.save_merged:
+        out = _save_value_adapter(model, tokenizer, weights, lora, ppo_dir / VALUE_DIR)
+        shutil.rmtree(ppo_dir / "checkpoints", ignore_errors=True)
+        return out
     if lora is not None and lora.lora_r > 0:  # the adapters' names and scale come from the same wrapping as PPO's
         wrapped = load_reward_model(value_init, trust_remote_code, tokenizer)
         wrapped = apply_lora(getattr(wrapped, prefix), lora, task_type="FEATURE_EXTRACTION")
-        backbone = merged_lora_weights(wrapped, backbone)
+        # the checkpoint holds what trained (adapters, score head); the frozen weights are value_init's
+        backbone = merged_lora_weights(wrapped, {**wrapped.state_dict(), **backbone})
     state = {f"{prefix}.{k}": v for k, v in backbone.items()}
     state.update({f"score.{k[len(score_keys) :]}": v for k, v in weights.items() if k.startswith(score_keys)})
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -87,6 +93,27 @@ def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = F
     out = save_pretrained(model, tokenizer, ppo_dir / VALUE_DIR)
     shutil.rmtree(ppo_dir / "checkpoints", ignore_errors=True)
     return out
+
+
+def _save_value_adapter(model, tokenizer, weights: dict, lora, out: Path) -> Path:
+    """PPO's trained value model as a reward model's LoRA adapter on ``model`` (what the value model started
+    from): the adapters PPO trained on its backbone, renamed to where a reward model's wrapping puts them, and
+    its score head, saved whole."""
+    backbone_keys, score_keys = "value_model.backbone.base_model.model.", "value_model.score."
+    wrapped = apply_lora(model, lora, task_type="SEQ_CLS")  # the score head becomes a module saved whole
+    prefix = f"base_model.model.{model.base_model_prefix}."
+    adapters = {k: v for k, v in weights.items() if k.startswith(backbone_keys) and ".lora_" in k}
+    state = {prefix + k[len(backbone_keys) :]: v for k, v in adapters.items()}
+    names = set(wrapped.state_dict())
+    for key, value in weights.items():
+        if key.startswith(score_keys):
+            rest = key[len(score_keys) :]
+            state.update({n: value for n in names if n.endswith(f"score.modules_to_save.default.{rest}")})
+    missing = [n for n in names if (".lora_" in n or ".modules_to_save." in n) and n not in state]
+    unknown = [n for n in state if n not in names]
+    assert not missing and not unknown, (missing[:3], unknown[:3])
+    wrapped.load_state_dict(state, strict=False)
+    return save_pretrained(wrapped, tokenizer, out, merged=False)
 
 
 def copy_model(src: Path, dst: Path) -> None:

@@ -78,7 +78,10 @@ class RewardModels:
         rate = it.rm_learning_rate or saved.get("learning_rate") or default.learning_rate
         batch = it.rm_batch_size or saved.get("batch_size") or default.batch_size
         lora = LoraArgs(**{f.name: saved[f.name] for f in dataclasses.fields(LoraArgs) if f.name in saved})
-        return float(rate), int(batch), dataclasses.replace(lora, save_merged=True)  # the next round loads it whole
+        if it.rm_lora_r:
+            lora = dataclasses.replace(self.cfg.lora, lora_r=it.rm_lora_r)
+        # saved as the run's policies are: merged, or (--save-merged false) the adapter the next round loads on its base
+        return float(rate), int(batch), dataclasses.replace(lora, save_merged=self.cfg.lora.save_merged)
 
     def config(
         self, model: str, data: str, out: Path, steps: int, seed: int, start: str | None, ensemble: int = 1

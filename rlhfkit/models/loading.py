@@ -1,7 +1,9 @@
 """Load local Hugging Face models and tokenizers: safetensors only, nothing from a hub.
 
 A model is a Hugging Face folder, or a ``.gguf`` file: that is de-quantised once into a folder in rlhfkit's
-cache (``rlhfkit.models.gguf``) and loaded from there.
+cache (``rlhfkit.models.gguf``) and loaded from there, or a LoRA adapter folder (what a run with ``--save-merged
+false`` writes): its base model (itself any of these) is loaded and the adapter merged into it in memory, so a
+pipeline of LoRA runs saves adapters of a few megabytes where merged models take the whole model's size each.
 
 A missing pad token is set to EOS (so padding works); ``trust_remote_code`` is passed only when the
 user asks for it. Every ``from_pretrained`` here passes ``local_files_only=True``, so no hub is contacted.
@@ -18,6 +20,56 @@ from rlhfkit.models.fastpath import replaceable
 from rlhfkit.models.gguf import dequantised_folder, is_gguf
 
 STATS_FILE = "reward_stats.json"  # beside a reward model made by ``rlhfkit rm`` (``rlhfkit.models.reward``)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MAX_CHAIN = 64  # adapters on adapters: more than any pipeline makes, fewer than a loop of bases
+
+
+def adapter_settings(path: str) -> dict | None:
+    """The ``adapter_config.json`` of a LoRA adapter folder (one without a ``config.json`` of its own); None for
+    anything else."""
+    p = Path(path)
+    if not p.is_dir() or (p / "config.json").is_file() or not (p / ADAPTER_CONFIG).is_file():
+        return None
+    try:
+        config = json.loads((p / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path}/{ADAPTER_CONFIG}: not valid JSON") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise UserError(f"{path}/{ADAPTER_CONFIG}: not a LoRA adapter (peft_type {config.get('peft_type')!r})")
+    return config
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model a LoRA adapter folder was trained on (its ``base_model_name_or_path``: a model folder, a
+    ``.gguf`` file or another adapter folder; a relative path is read from the adapter's folder when it is not
+    found from the working directory); None when ``path`` is not an adapter folder."""
+    config = adapter_settings(path)
+    if config is None:
+        return None
+    base = config.get("base_model_name_or_path") or ""
+    if not base:
+        merge = invocation("merge", adapter=str(path), model="BASE", output_dir="MERGED")
+        raise UserError(f"{path}: a LoRA adapter that names no base model; merge it into its base: {merge}")
+    if not Path(base).exists() and (Path(path) / base).exists():
+        return str(Path(path) / base)
+    return base
+
+
+def adapter_chain(path: str) -> list[str]:
+    """``path`` and the bases under it down to the first one that is not an adapter: [adapter, ..., model]."""
+    chain = [str(path)]
+    while (base := adapter_base(chain[-1])) is not None:
+        if len(chain) > MAX_CHAIN:
+            raise UserError(f"{path}: more than {MAX_CHAIN} LoRA adapters stacked on each other (a loop of bases?)")
+        chain.append(base)
+    return chain
+
+
+def config_folder(path: str, what: str = "model") -> Path:
+    """The folder whose ``config.json`` describes the model at ``path``: its own, a ``.gguf`` file's
+    de-quantised folder, or for a LoRA adapter its base model's."""
+    return Path(model_folder(adapter_chain(path)[-1], what))
 
 
 def model_folder(path: str, what: str = "model") -> str:
@@ -33,10 +85,19 @@ def check_model_dir(path: str, what: str = "model") -> Path:
         raise UserError(f"{path}: {what} directory does not exist")
     if not p.is_dir():
         raise UserError(f"{path}: {what} must be a directory (config.json, *.safetensors, tokenizer files)")
+    base = adapter_base(str(p))
+    if base is not None:  # a LoRA adapter: its weights here, its base checked in turn
+        if not (p / ADAPTER_WEIGHTS).is_file():
+            raise UserError(f"{path}: a LoRA adapter folder without {ADAPTER_WEIGHTS} (pickled weights are not loaded)")
+        if not Path(model_folder(base, what)).exists():
+            merge = invocation("merge", adapter=str(path), model="BASE", output_dir="MERGED")
+            raise UserError(
+                f"{path}: a LoRA adapter whose base model {base} is not here; merge it into its base: {merge}"
+            )
+        adapter_chain(str(p))  # a loop of bases is refused here
+        check_model_dir(base, what)
+        return p
     if not (p / "config.json").is_file():
-        if (p / "adapter_config.json").is_file():
-            merge = invocation("merge", adapter=str(path), output_dir="MERGED")
-            raise UserError(f"{path}: a LoRA adapter without its base weights; merge it into a full model: {merge}")
         raise UserError(f"{path}: not a Hugging Face {what} directory (no config.json)")
     try:
         json.loads((p / "config.json").read_text(encoding="utf-8"))
@@ -57,6 +118,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
     from transformers import AutoTokenizer
 
     path = str(check_model_dir(path, what))  # a clear message for a missing or non-model directory first
+    if adapter_base(path) is not None and not (Path(path) / "tokenizer_config.json").is_file():
+        path = str(check_model_dir(adapter_base(path), what))  # an adapter saved without its tokenizer: its base's
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError) as exc:
@@ -70,16 +133,46 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, padding_side: str
 
 
 def load_pretrained(auto_cls, path: str, what: str, trust_remote_code: bool, **kwargs):
-    """``auto_cls.from_pretrained`` on a checked local directory (safetensors, no hub), then ``prepare_loaded``."""
-    path = str(check_model_dir(path, what))
+    """``auto_cls.from_pretrained`` on a checked local directory (safetensors, no hub), then ``prepare_loaded``.
+    A LoRA adapter folder: its base loaded so, the adapters merged into it (``merge_adapter``). The model's
+    ``name_or_path`` is ``path`` as given, so an adapter trained on it names it as its base."""
+    folder = str(check_model_dir(path, what))
+    chain = adapter_chain(folder)
+    base = str(check_model_dir(chain[-1], what))
     try:
         model = auto_cls.from_pretrained(
-            path, trust_remote_code=trust_remote_code, use_safetensors=True, local_files_only=True, **kwargs
+            base, trust_remote_code=trust_remote_code, use_safetensors=True, local_files_only=True, **kwargs
         )
     except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{path}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
+        raise UserError(f"{base}: cannot load as a {what} ({str(exc).splitlines()[0]})") from None
+    for adapter in reversed(chain[:-1]):
+        model = merge_adapter(model, adapter)
+    if chain[:-1]:
+        model.requires_grad_(True)  # as from_pretrained leaves a model (PEFT's loading froze every weight)
+    model.name_or_path = model.config._name_or_path = str(Path(path).resolve())
     prepare_loaded(model)
     return model
+
+
+def merge_adapter(model, adapter: str):
+    """``model`` with the LoRA adapter folder ``adapter`` merged into its weights (W + scale * B @ A; modules the
+    adapter saved whole, such as a reward model's score head, replaced), as a plain model again. The adapter's
+    parameter names are the same whatever model class wraps the backbone (a causal LM's adapter merges into the
+    backbone of a reward model built from it)."""
+    import torch
+    from peft import LoraConfig, PeftModel
+
+    config = LoraConfig.from_pretrained(adapter)
+    config.task_type, config.inference_mode = None, True
+    # PEFT draws the new adapters' initial weights before it loads the saved ones: on a forked generator, so a run
+    # from an adapter folder draws the same random numbers as a run from the merged model
+    with torch.random.fork_rng(devices=[]):
+        try:
+            wrapped = PeftModel.from_pretrained(model, adapter, config=config)
+        except (ValueError, RuntimeError, KeyError) as exc:
+            first = str(exc).splitlines()[0]
+            raise UserError(f"{adapter}: cannot apply the LoRA adapter to its base ({first})") from None
+    return wrapped.merge_and_unload()
 
 
 @replaceable
@@ -106,7 +199,7 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequenc
 def position_limit(path: str) -> tuple[int, str] | None:
     """The most positions the model at ``path`` reads, and the config.json key that says so (a multimodal
     model's ``text_config`` included); None when its config names no limit."""
-    config = json.loads((Path(model_folder(path)) / "config.json").read_text(encoding="utf-8"))
+    config = json.loads((config_folder(path) / "config.json").read_text(encoding="utf-8"))
     for part in (config, config.get("text_config") if isinstance(config, dict) else None):
         if not isinstance(part, dict):
             continue
@@ -118,8 +211,14 @@ def position_limit(path: str) -> tuple[int, str] | None:
 
 
 def architectures(path: str) -> list[str]:
-    """The model classes a checked model directory's config.json names (``architectures``)."""
-    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    """The model classes a checked model directory's config.json names (``architectures``; a LoRA adapter's:
+    its base model's, a reward model's adapter naming ``ForSequenceClassification``)."""
+    settings = adapter_settings(path)
+    if settings is not None and settings.get("task_type") == "SEQ_CLS":
+        names = architectures(adapter_chain(path)[1])
+        classifier = "ForSequenceClassification"
+        return [n.replace("LMHeadModel", classifier).replace("ForCausalLM", classifier) for n in names]
+    config = json.loads((config_folder(path) / "config.json").read_text(encoding="utf-8"))
     names = config.get("architectures") if isinstance(config, dict) else None
     return [str(name) for name in names or []]
 
@@ -174,7 +273,9 @@ def load_reward_model(path: str, trust_remote_code: bool = False, tokenizer=None
     from transformers import AutoModelForSequenceClassification
 
     check_kind(path, "reward model")
-    model = load_pretrained(AutoModelForSequenceClassification, path, "reward model", trust_remote_code)
+    # a reward model's LoRA adapter: its base is a causal LM (the SFT model), given the one-output head here
+    heads = {"num_labels": 1} if adapter_base(str(check_model_dir(path, "reward model"))) is not None else {}
+    model = load_pretrained(AutoModelForSequenceClassification, path, "reward model", trust_remote_code, **heads)
     if model.config.num_labels != 1:
         raise UserError(f"{path}: a reward model needs one output label, this one has {model.config.num_labels}")
     if tokenizer is not None:

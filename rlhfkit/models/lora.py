@@ -14,6 +14,7 @@ import torch
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.fastpath import replaceable
+from rlhfkit.models.loading import adapter_base, check_model_dir
 
 
 def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
@@ -35,6 +36,24 @@ def apply_lora(model, lora, task_type: str = "CAUSAL_LM"):
             wrapped = get_peft_model(model, config)
         except ValueError as exc:  # e.g. no module matches --lora-target-modules
             raise UserError(f"{option('lora_target_modules', targets)}: {str(exc).splitlines()[0]}") from None
+    prepare_adapters(wrapped)
+    return wrapped
+
+
+def adapter_on(model: str, base: str) -> bool:
+    """Whether the folder ``model`` is a LoRA adapter trained on ``base`` (a round of `rlhfkit iterate` continuing
+    the last one's adapter on the SFT model)."""
+    found = adapter_base(str(check_model_dir(model)))
+    return found is not None and Path(found).resolve() == Path(base).resolve()
+
+
+def continue_lora(model, adapter: str):
+    """``model`` wrapped with the trainable LoRA adapter saved in the folder ``adapter`` (its rank, targets and
+    weights; PEFT's own initial draw of the adapters on a forked generator, as ``merge_adapter``'s)."""
+    from peft import PeftModel
+
+    with torch.random.fork_rng(devices=[]):
+        wrapped = PeftModel.from_pretrained(model, adapter, is_trainable=True)
     prepare_adapters(wrapped)
     return wrapped
 
@@ -73,7 +92,11 @@ def save_pretrained(
     if is_lora(model) and not merged:
         weights = state_dict if state_dict is not None else model.state_dict()
         _check_finite({k: v for k, v in weights.items() if ".lora_" in k or ".modules_to_save." in k})
-        model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+        with warnings.catch_warnings():
+            # PEFT looks for a config.json at the base to see whether the vocabulary grew; a base that is itself an
+            # adapter folder has none (the vocabulary is the tokenizer saved beside the adapter)
+            warnings.filterwarnings("ignore", message="Could not find a config file")
+            model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
     elif state_dict is not None:
         if is_lora(model):
             state_dict = merged_lora_weights(model, state_dict)

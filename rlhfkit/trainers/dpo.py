@@ -30,7 +30,7 @@ from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import load_examples
 from rlhfkit.models.forward import sequence_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
-from rlhfkit.models.lora import adapters_off, apply_lora
+from rlhfkit.models.lora import adapter_on, adapters_off, apply_lora, continue_lora
 from rlhfkit.ops import dpo_loss
 from rlhfkit.training.loop import Objective, fit
 from rlhfkit.training.runtime import disable_dropout, seed_everything
@@ -186,18 +186,22 @@ def train(cfg: DPOConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     train_pairs = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data, cfg.model.model)
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
-    model = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
-    disable_dropout(model)  # before LoRA, so an explicit --lora-dropout still applies to the adapters
     lora = cfg.lora.lora_r > 0
+    # a LoRA adapter trained on --ref-model (a round of online DPO) trains on, the reference its adapters off
+    continued = lora and bool(cfg.dpo.ref_model) and adapter_on(cfg.model.model, cfg.dpo.ref_model)
+    model = load_causal_lm(cfg.dpo.ref_model if continued else cfg.model.model, cfg.model.trust_remote_code, tokenizer)
+    disable_dropout(model)  # before LoRA, so an explicit --lora-dropout still applies to the adapters
     # the reference: --ref-model, else the starting policy (a frozen copy, or with LoRA the adapters off)
     frozen = []
-    if cfg.dpo.ref_model:
+    if continued:
+        model = continue_lora(model, cfg.model.model)
+    elif cfg.dpo.ref_model:
         reference_model = load_causal_lm(cfg.dpo.ref_model, cfg.model.trust_remote_code, tokenizer)
         disable_dropout(reference_model)
         frozen.append(reference_model.requires_grad_(False).eval())
     elif not lora:
         frozen.append(copy.deepcopy(model).requires_grad_(False).eval())
-    if lora:
+    if lora and not continued:
         seed_everything(cfg.run.seed)  # the adapters' initialisation: the same run for the same seed
         model = apply_lora(model, cfg.lora)
     pad_id = tokenizer.pad_token_id

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors import safe_open
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.models.lora import assert_finite
@@ -74,6 +75,44 @@ def damage(path: Path) -> str | None:
         if sha256(file) != want["sha256"]:
             return f"{name} checksum mismatch"
     return None
+
+
+TRAINED_ONLY = "trained_only"  # a weights file's metadata: the frozen parameters were left out
+
+
+def frozen_names(model: torch.nn.Module) -> set[str]:
+    """The names of ``model``'s parameters that do not train (a LoRA model's backbone), tied ones included."""
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """A checkpoint's weights of ``model``: all of them, or when part of it is frozen (LoRA) only what trains and
+    its buffers; the run that resumes rebuilds the frozen part from the model it started from, as the first
+    run did. A LoRA run's checkpoint is then a few megabytes rather than the whole model."""
+    frozen = frozen_names(model)
+    if not frozen or len(frozen) == len(dict(model.named_parameters(remove_duplicate=False))):
+        save_model(model, str(path))
+        return
+    weights = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in frozen}
+    save_file(weights, str(path), metadata={TRAINED_ONLY: "1"})
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Weights written by ``save_weights`` into ``model`` (strictly: a file of trained weights alone must name
+    every weight of ``model`` but its frozen ones)."""
+    with safe_open(str(path), framework="pt") as f:
+        trained_only = (f.metadata() or {}).get(TRAINED_ONLY) == "1"
+    if not trained_only:
+        load_model(model, str(path), strict=True)
+        return
+    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
+    left = set(missing) - frozen_names(model)
+    if left or unexpected:
+        raise UserError(
+            f"{path}: the checkpoint's weights do not fit the model (missing {sorted(left)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}): was the run started again with another {option('lora_r')} or "
+            f"{option('lora_target_modules')}?"
+        )
 
 
 class Checkpointer:
@@ -126,7 +165,7 @@ class Checkpointer:
             self.begin(step)
         try:
             for name, model in models.items():
-                save_model(model, str(tmp / f"{name}.safetensors"))
+                save_weights(model, tmp / f"{name}.safetensors")
             torch.save(state, tmp / STATE_FILE)
             files = sorted(f for f in tmp.rglob("*") if f.is_file())
             for f in files:
@@ -157,7 +196,7 @@ class Checkpointer:
     def load(self, path: Path, models: dict[str, torch.nn.Module], rank: int = 0) -> tuple[int, dict]:
         """Weights into ``models``; returns (step, shared state with this rank's part under ``"rank"``)."""
         for name, model in models.items():
-            load_model(model, str(path / f"{name}.safetensors"), strict=True)
+            load_weights(model, path / f"{name}.safetensors")
         state = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
         part = path / rank_file(rank)
         if part.is_file():

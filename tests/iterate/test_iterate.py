@@ -9,12 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 import rlhfkit
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.errors import UserError
 from rlhfkit.iterated.models import sample_pairs
+from rlhfkit.models import loading
 from tests.helpers import read_jsonl, run_cli
 
 from .conftest import SMALL, thanks_share
@@ -222,3 +225,35 @@ def test_an_ensemble_continues_member_by_member(iterate_task, tmp_path):
     assert member["model"] == str(out / "round-0" / "rm" / "member-1")  # each member from its own weights
     ppo = yaml.safe_load((out / "round-1" / "ppo" / "config.yaml").read_text())
     assert ppo["reward_model"] == str(out / "round-1" / "rm") and ppo["ensemble_mode"] == "worst-case"
+
+
+def test_lora_rounds_save_adapters_and_carry_the_policys_on(iterate_task, tmp_path):
+    """With --lora-r, --rm-lora-r and --save-merged false every model the loop trains is a LoRA adapter: the
+    policy's adapter on the SFT model goes on training round after round (its base stays the SFT model, the
+    reference its adapters off), the reward model's and the value model's stack on the last round's."""
+    t, out = iterate_task, tmp_path / "out"
+    small = {**SMALL, "max_steps": 3, "rm_steps": 4, "rm_initial_steps": 4, "pairs_per_round": 16}
+    rlhfkit.iterate(
+        model=t["sft"], prefs=t["prefs"], data=t["prompts"], output_dir=str(out), judge=t["judge"], rounds=2,
+        lora_r=4, lora_alpha=8, rm_lora_r=4, save_merged=False, **small,
+    )  # fmt: skip
+    sft = str(Path(t["sft"]).resolve())
+    assert not list(out.rglob("model.safetensors"))  # nothing saved whole
+    for k in (1, 2):
+        assert loading.adapter_chain(str(out / f"round-{k}" / "ppo")) == [str(out / f"round-{k}" / "ppo"), sft]
+        assert loading.adapter_base(str(out / f"round-{k}" / "rm")) == str((out / f"round-{k - 1}" / "rm").resolve())
+    assert loading.adapter_base(str(out / "round-2" / "ppo" / "value")) == str(
+        (out / "round-1" / "ppo" / "value").resolve()
+    )
+    assert loading.adapter_base(str(out / "final")) == sft
+    # each round moved the policy: its adapter continued, not started again at zero
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        policies = [
+            loading.load_causal_lm(str(p)).eval()(input_ids=ids).logits
+            for p in (sft, *[out / f"round-{k}" / "ppo" for k in (1, 2)])
+        ]
+    assert (policies[1] - policies[0]).abs().max() > 1e-4 and (policies[2] - policies[1]).abs().max() > 1e-4
+    first = load_file(out / "round-1" / "ppo" / "adapter_model.safetensors")
+    second = load_file(out / "round-2" / "ppo" / "adapter_model.safetensors")
+    assert first.keys() == second.keys()

@@ -1,10 +1,12 @@
 """The value model a round hands to the next: read from PPO's last checkpoint, with the adapters PPO trained on
-its backbone (--lora-r) merged into its weights."""
+its backbone (--lora-r) merged into its weights, or (--save-merged false) saved as a reward model's adapter."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pytest
 import torch
 from safetensors.torch import save_file
 from torch import nn
@@ -18,7 +20,8 @@ from rlhfkit.trainers.online.policy import SeparateValueModel
 from rlhfkit.training.checkpoint import META_FILE
 
 
-def test_the_value_models_adapters_are_merged_into_the_saved_folder(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "adapter"])
+def test_the_value_models_adapters_are_in_the_saved_folder(tiny_model_dir, tmp_path, merged):
     tokenizer = loading.load_tokenizer(str(tiny_model_dir))
     rm_dir = tmp_path / "rm"
     build_reward_model(str(tiny_model_dir), tokenizer).save_pretrained(rm_dir)
@@ -39,9 +42,14 @@ def test_the_value_models_adapters_are_merged_into_the_saved_folder(tiny_model_d
     save_file({k: v.contiguous() for k, v in holder.state_dict().items()}, str(step / "actor_critic.safetensors"))
     (step / META_FILE).write_text(json.dumps({"files": {}}))
 
-    saved = save_value_model(tmp_path / "ppo", str(rm_dir), lora=lora)
+    saved = save_value_model(tmp_path / "ppo", str(rm_dir), lora=dataclasses.replace(lora, save_merged=merged))
 
     assert saved == tmp_path / "ppo" / VALUE_DIR and not (tmp_path / "ppo" / "checkpoints").exists()
+    # merged: a whole reward model; else the adapter alone, on the reward model it started from
+    assert (saved / "model.safetensors").is_file() == merged
+    assert (saved / "adapter_model.safetensors").is_file() != merged
+    if not merged:
+        assert loading.adapter_base(str(saved)) == str(rm_dir.resolve())
     plain = SeparateValueModel(loading.load_reward_model(str(saved))).eval()
     value.eval()
     ids = torch.randint(3, tokenizer.vocab_size, (2, 12), generator=g)

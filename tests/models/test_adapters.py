@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 import rlhfkit
 from rlhfkit.errors import UserError
+from rlhfkit.models import loading
 from tests.helpers import run_cli, sft_args, sft_rows, write_jsonl
 from tests.trainers.rm.rm_helpers import preference_rows
 
@@ -74,10 +75,6 @@ def test_merge_gives_the_merged_save(sft_runs, capsys):
 def test_merge_and_the_commands_name_what_is_wrong_with_an_adapter_folder(sft_runs, tmp_path, capsys):
     code, _, err = run_cli(capsys, "merge", "--adapter", sft_runs / "merged", "--output-dir", tmp_path / "x")
     assert code == 1 and "not a LoRA adapter folder (no adapter_config.json) (a merged model" in err
-    # an adapter-only folder given where a model is expected says how to merge it
-    data = write_jsonl(tmp_path / "d.jsonl", sft_rows(8))
-    code, _, err = run_cli(capsys, *sft_args(sft_runs / "adapter", data, tmp_path / "out", max_steps=1))
-    assert code == 1 and "rlhfkit merge --adapter" in err
     config = json.loads((sft_runs / "adapter" / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = str(tmp_path / "gone")
     moved = tmp_path / "moved"
@@ -88,6 +85,58 @@ def test_merge_and_the_commands_name_what_is_wrong_with_an_adapter_folder(sft_ru
     (moved / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="give it with model"):
         rlhfkit.merge(adapter=str(moved), output_dir=str(tmp_path / "y"))
+    # an adapter-only folder whose base is gone, given where a model is expected, says how to merge it
+    data = write_jsonl(tmp_path / "d.jsonl", sft_rows(8))
+    code, _, err = run_cli(capsys, *sft_args(moved, data, tmp_path / "out", max_steps=1))
+    assert code == 1 and "base model" in err and "rlhfkit merge --adapter" in err and "--model BASE" in err
+
+
+def test_an_adapter_folder_is_a_model_wherever_one_is_expected(sft_runs, tiny_model_dir, prefs, tmp_path):
+    """A run on an adapter-only folder (its base loaded, the adapter merged in memory) is the run on the merged
+    save: the same weights and the same random draws. So a pipeline of LoRA runs saves adapters on adapters."""
+    adapter, merged = sft_runs / "adapter", sft_runs / "merged"
+    ids = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(0))
+    base = logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), ids)
+    loaded = loading.load_causal_lm(str(adapter))
+    assert all(p.requires_grad for p in loaded.parameters())  # trainable, as from_pretrained leaves a model
+    from_adapter = logits(loaded.eval(), ids)
+    assert torch.allclose(from_adapter, logits(loading.load_causal_lm(str(merged)).eval(), ids), atol=1e-5)
+    assert (from_adapter - base).abs().max() > 1e-3
+    assert (
+        loading.config_folder(str(adapter)) == tiny_model_dir and loading.check_kind(str(adapter), "causal LM") is None
+    )
+    # SFT continued from each, the adapter's run saving its adapter alone: on the first adapter, equal models
+    data = write_jsonl(tmp_path / "sft.jsonl", sft_rows(32))
+    for name, start, keep_merged in (("on-merged", merged, True), ("on-adapter", adapter, False)):
+        rlhfkit.sft(
+            model=str(start), data=str(data), output_dir=str(tmp_path / name), save_merged=keep_merged, seed=3,
+            progress=False, **LORA,
+        )  # fmt: skip
+    second = tmp_path / "on-adapter"
+    assert loading.adapter_chain(str(second)) == [str(second), str(adapter.resolve()), str(tiny_model_dir.resolve())]
+    a = logits(loading.load_causal_lm(str(second)).eval(), ids)
+    b = logits(loading.load_causal_lm(str(tmp_path / "on-merged")).eval(), ids)
+    assert torch.allclose(a, b, atol=1e-5) and (a - from_adapter).abs().max() > 1e-3
+    # a reward model with LoRA from each: the adapter-only one (a reward model's adapter on a causal LM's adapter)
+    # scores as the merged one
+    train, _ = prefs
+    for name, start, keep_merged in (("rm-merged", merged, True), ("rm-adapter", adapter, False)):
+        rlhfkit.rm(
+            model=str(start), data=str(train), output_dir=str(tmp_path / name), save_merged=keep_merged, lora_r=4,
+            max_steps=6, learning_rate=1e-2, batch_size=16, max_length=48, progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "rm-adapter" / "model.safetensors").exists()
+    with pytest.raises(UserError, match="is a reward model"):
+        loading.check_kind(str(tmp_path / "rm-adapter"), "causal LM")
+    rows = preference_rows(20, seed=3)
+    scores = {
+        name: rlhfkit.models.reward.RewardScorer.load(str(tmp_path / name), torch.device("cpu"))
+        .score([r["prompt"] for r in rows], [r["chosen"] for r in rows])
+        .mean
+        for name in ("rm-merged", "rm-adapter")
+    }
+    assert torch.allclose(scores["rm-merged"], scores["rm-adapter"], atol=1e-4), scores
+    assert scores["rm-adapter"].std() > 0
 
 
 @pytest.fixture(scope="module")

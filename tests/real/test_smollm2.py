@@ -148,8 +148,10 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
 
     run = plan(quick=False, model=str(smollm2_gguf))
     assert run.parameters > LORA_ABOVE and run.value_model  # the same critic as iterated PPO
-    assert all(run.settings[stage]["lora_r"] == 16 for stage in ("sft", "ppo", "dpo", "iterate", "online_dpo"))
-    assert "lora_r" not in run.settings["rm"]  # the reward model's head is new: trained in full
+    # every stage trains rank-16 adapters (the reward model's new score head in full) and saves them alone
+    stages = ("sft", "rm", "ppo", "dpo", "iterate", "online_dpo")
+    assert all(run.settings[s]["lora_r"] == 16 and run.settings[s]["save_merged"] is False for s in stages)
+    assert run.settings["iterate"]["rm_lora_r"] == 16
     files = write_task_data(tmp_path / "data", sizes={"sft": 4, "prefs_train": 4, "prefs_eval": 2})
     chat = chat_rows(files, str(smollm2_gguf), tmp_path / "chat")
     plain_row = json.loads(files["sft"].read_text().splitlines()[0])

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+import rlhfkit
 from rlhfkit.training import checkpoint as ckpt_module
 from rlhfkit.training.checkpoint import Checkpointer
 
@@ -124,3 +126,23 @@ def test_checkpoint_refuses_non_finite_weights(tmp_path):
     with pytest.raises(FloatingPointError):
         Checkpointer(tmp_path).save(1, {"model": model}, {})
     assert not any(Path(tmp_path, "checkpoints").glob("step-*"))
+
+
+def test_a_lora_runs_checkpoint_holds_what_trains_and_resumes_to_the_same_adapter(tiny_model_dir, tmp_path):
+    """A LoRA run's checkpoint leaves the frozen backbone out (the resumed run rebuilds it from --model) and
+    resumes to the adapter the uninterrupted run ends with."""
+    data = write_jsonl(tmp_path / "d.jsonl", sft_rows(20, seed=7))
+    common = dict(
+        model=str(tiny_model_dir), data=str(data), max_steps=6, batch_size=4, learning_rate=1e-2, lora_r=4,
+        save_steps=3, save_total_limit=2, save_merged=False, progress=False,
+    )  # fmt: skip
+    rlhfkit.sft(**common, output_dir=str(tmp_path / "full"))
+    saved = load_file(tmp_path / "full" / "checkpoints" / "step-3" / "model.safetensors")
+    assert saved and all(".lora_" in k for k in saved)  # the adapters alone (the backbone is frozen)
+    shutil.copytree(tmp_path / "full", tmp_path / "cut")
+    shutil.rmtree(tmp_path / "cut" / "checkpoints" / "step-6")
+    (tmp_path / "cut" / "adapter_model.safetensors").unlink()
+    rlhfkit.sft(**common, output_dir=str(tmp_path / "cut"), resume=True)
+    a = load_file(tmp_path / "full" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "cut" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

@@ -13,8 +13,14 @@ from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.lengths import check_generation_fits, encode_prompts
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
-from rlhfkit.models.loading import load_causal_lm, load_reward_model, load_tokenizer, model_folder, position_limit
-from rlhfkit.models.lora import apply_lora
+from rlhfkit.models.loading import (
+    config_folder,
+    load_causal_lm,
+    load_reward_model,
+    load_tokenizer,
+    position_limit,
+)
+from rlhfkit.models.lora import adapter_on, apply_lora, continue_lora
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.models.sampling import stop_token_ids
 from rlhfkit.models.vllm_engine import VLLMEngine, require_vllm
@@ -54,21 +60,38 @@ def check_split(cfg: OnlineConfig, world: int) -> None:
     )
 
 
+def continues_adapter(cfg: OnlineConfig) -> bool:
+    """Whether the policy is a LoRA adapter trained on --ref-model (a round of `rlhfkit iterate` continuing the
+    last): with --lora-r it goes on training that adapter rather than new ones on its merged weights."""
+    return (
+        cfg.lora.lora_r > 0
+        and cfg.needs_reference
+        and bool(cfg.kl.ref_model)
+        and adapter_on(cfg.model.model, cfg.kl.ref_model)
+    )
+
+
 def build_models(cfg: OnlineConfig, tokenizer) -> tuple[ActorCritic, torch.nn.Module | None]:
     """Policy (+LoRA), the value function when the estimator needs one, and the frozen reference: --ref-model, or
     a copy of the starting policy, or None (LoRA: the backbone with adapters off; or no KL term needs a
     reference)."""
-    policy = load_causal_lm(cfg.model.model, cfg.model.trust_remote_code, tokenizer)
-    disable_dropout(policy)
+    trust = cfg.model.trust_remote_code
     ref_model = None
-    if cfg.needs_reference and cfg.kl.ref_model:
-        ref_model = load_causal_lm(cfg.kl.ref_model, cfg.model.trust_remote_code, tokenizer)
-        disable_dropout(ref_model)
-        ref_model = ref_model.eval().requires_grad_(False)
-    if cfg.lora.lora_r > 0:
-        policy = apply_lora(policy, cfg.lora)
-    elif cfg.needs_reference and ref_model is None:
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    if continues_adapter(cfg):
+        # a LoRA adapter trained on the reference trains on; the reference is its backbone with adapters off
+        policy = continue_lora(load_causal_lm(cfg.kl.ref_model, trust, tokenizer), cfg.model.model)
+        disable_dropout(policy)
+    else:
+        policy = load_causal_lm(cfg.model.model, trust, tokenizer)
+        disable_dropout(policy)
+        if cfg.needs_reference and cfg.kl.ref_model:
+            ref_model = load_causal_lm(cfg.kl.ref_model, trust, tokenizer)
+            disable_dropout(ref_model)
+            ref_model = ref_model.eval().requires_grad_(False)
+        if cfg.lora.lora_r > 0:
+            policy = apply_lora(policy, cfg.lora)
+        elif cfg.needs_reference and ref_model is None:
+            ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     critic = getattr(cfg, "critic", None) if cfg.needs_critic else None
     value_model = None
     if critic is not None and critic.value_model:
@@ -88,7 +111,7 @@ def start_engine(cfg: OnlineConfig, policy, tokenizer, session) -> VLLMEngine:
     # single-turn: the longest prompt plus a reply; conversations: the model's own limit
     max_len = None if cfg.multi_turn else cfg.data.max_prompt_length + cfg.generation.max_new_tokens
     return VLLMEngine.start(
-        model_folder(cfg.model.model),
+        config_folder(cfg.model.model),  # the architecture; the weights come from the policy before a sample
         stop_token_ids(policy, tokenizer),
         cfg.vllm,
         dtype=dtype,

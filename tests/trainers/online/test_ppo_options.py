@@ -341,7 +341,7 @@ def test_lora_also_adapts_a_separate_value_model(thanks_task, tmp_path):
 
     saved = load_file(tmp_path / "run" / "checkpoints" / "step-3" / "actor_critic.safetensors")
     start = load_file(rm / "model.safetensors")
-    # the backbone's own weights stayed as the reward model's; the head moved
-    embedding = next(k for k in saved if k.startswith("value_model.backbone") and k.endswith("wte.weight"))
-    assert torch.equal(saved[embedding], start["transformer.wte.weight"])
+    # the checkpoint holds what trained: the backbone's adapters and the head (which moved), not the frozen weights
+    backbone = [k for k in saved if k.startswith("value_model.backbone")]
+    assert backbone and all(".lora_" in k for k in backbone)
     assert not torch.equal(saved["value_model.score.weight"], start["score.weight"])

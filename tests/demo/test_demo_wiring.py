@@ -348,11 +348,23 @@ def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path, capsys):
     assert [line.split(" in ")[0] for line in order] == ["done help", "done meanwhile", "done after"]
 
 
-def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_model_dir, tmp_path, capsys):
+def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    from rlhfkit.demo import plan
+    from rlhfkit.models import loading
+
+    monkeypatch.setattr(plan, "LORA_ABOVE", 0)  # the tiny model stands in for a pretrained one: its plan, LoRA
     out = tmp_path / "demo"
     flags = ["--output-dir", str(out), "--quick", "--progress", "false", "--model", str(tiny_model_dir)]
     assert main(["demo", *flags]) == 0
     summary = json.loads((out / "summary.json").read_text())
+    # every stage saved its LoRA adapter alone, on the model it started from; iterated PPO's policy adapter
+    # trained on from round to round, on the SFT model
+    assert not list(out.rglob("model.safetensors")) and not list(out.rglob("actor_critic.safetensors"))
+    sft = str((out / "sft").resolve())
+    assert loading.adapter_base(str(out / "sft")) == str(tiny_model_dir.resolve())
+    assert all(loading.adapter_base(str(out / name)) == sft for name in ("rm", "ppo", "dpo"))
+    assert loading.adapter_base(str(out / "iterated" / "round-2" / "ppo")) == sft
+    assert loading.adapter_base(str(out / "online_dpo" / "final")) == sft
     assert summary["model"] == str(tiny_model_dir)
     assert "init-model" not in summary["stage_seconds"] and not (out / "base").exists()
     assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["model"] == str(tiny_model_dir)
@@ -386,7 +398,7 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     iterated["rounds"] = iterated["rounds"][:1]
     iterated["totals"]["seconds"] = round(done_before, 1)
     (out / "iterated" / "summary.json").write_text(json.dumps(iterated))
-    sft_weights = (out / "sft" / "model.safetensors").stat().st_mtime_ns
+    sft_weights = (out / "sft" / "adapter_model.safetensors").stat().st_mtime_ns
     start = time.perf_counter()
     assert main(["demo", *flags, "--resume"]) == 0
     took = time.perf_counter() - start
@@ -395,7 +407,7 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert [line.split(":")[0] for line in console if line.startswith("kept")] == [f"kept {n}" for n in names[1:cut]]
     assert "round 2:" in printed.err and "round 1:" not in printed.err  # round 1 is not redone
     assert "of it by an earlier run" in printed.err
-    assert (out / "sft" / "model.safetensors").stat().st_mtime_ns == sft_weights
+    assert (out / "sft" / "adapter_model.safetensors").stat().st_mtime_ns == sft_weights
     resumed = json.loads((out / "summary.json").read_text())
     assert list(resumed["stage_seconds"]) == names
     assert resumed["stage_seconds"]["SFT"] == summary["stage_seconds"]["SFT"]  # the earlier run's time

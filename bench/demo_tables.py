@@ -276,3 +276,33 @@ def dpo_beta_gold(machine: str | None = None) -> list[str]:
     header = ["DPO's β", "seeds", "held-out accuracy", "held-out loss", "DPO: gold gain over SFT", "PPO − DPO"]
     header += ["PPO ahead: t-test, seeds", "DPO: KL to SFT"]
     return [*table(header, rows), "", sources(*runs, *demo)]
+
+
+def rm_lora() -> list[str]:
+    """The pretrained demo's reward model trained with LoRA against in full (bench/rm_lora.py): every run in
+    bench/reported/rm_lora.json, one row per variant, with the held-out pairs' label-noise ceiling."""
+    runs = [Run("rm_lora", machine, key) for machine, keys in load("rm_lora")["machines"].items() for key in keys]
+    rows = []
+    for run in runs:
+        for got in run["variants"].values():
+            rows.append(
+                [
+                    run["args"]["seed"],
+                    "LoRA r = 16, score head in full" if got["variant"] == "lora" else "in full",
+                    f"{got['learning_rate']:g}",
+                    f"{got['accuracy']:.3f} ({run['ceiling']:.3f})",
+                    f"{got['loss']:.3f}",
+                    f"{got['seconds']:.0f}",
+                    f"{got['bytes'] / 1e6:.0f}",
+                ]
+            )
+    header = [
+        "seed",
+        "reward model",
+        "learning rate",
+        "held-out accuracy (ceiling)",
+        "held-out loss",
+        "seconds",
+        "MB saved",
+    ]
+    return [*table(header, rows), "", sources(*runs)]

@@ -33,6 +33,7 @@ from demo_tables import (
     demo_tiny,
     dpo_beta,
     dpo_beta_gold,
+    rm_lora,
 )
 from engine_tables import vllm_engine, vllm_learning, vllm_learning_number
 from iterate_tables import iterate_tasks
@@ -502,6 +503,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_stage_times": demo_stage_times,
     "dpo_beta": dpo_beta,
     "dpo_beta_gold": dpo_beta_gold,
+    "rm_lora": rm_lora,
     "vllm_engine": vllm_engine,
     "vllm_learning": vllm_learning,
     "vllm_learning_number": vllm_learning_number,

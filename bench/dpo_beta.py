@@ -40,10 +40,15 @@ from rlhfkit.tasks import get_judge
 
 
 def dpo_command(args, beta: float, out: Path) -> list[str]:
+    return pairs_command(args, "dpo", {**plan(False, args.model).settings["dpo"], "beta": beta}, out)
+
+
+def pairs_command(args, command: str, options: dict, out: Path) -> list[str]:
+    """`rlhfkit COMMAND` from a demo folder's SFT model on its preference pairs (held-out pairs evaluated) with
+    ``options`` as flags, into ``out`` (also bench/rm_lora.py's reward-model runs)."""
     demo = Path(args.demo_dir)
-    options = {**plan(False, args.model).settings["dpo"], "beta": beta}
     data = data_dir(demo)
-    cmd = [sys.executable, "-m", "rlhfkit.cli.main", "dpo", "--model", str(demo / "sft")]
+    cmd = [sys.executable, "-m", "rlhfkit.cli.main", command, "--model", str(demo / "sft")]
     cmd += ["--data", str(data / "prefs_train.jsonl"), "--eval-data", str(data / "prefs_eval.jsonl")]
     cmd += ["--output-dir", str(out), "--seed", str(args.seed), "--threads", str(args.threads), "--progress", "false"]
     cmd += ["--overwrite-output-dir"]

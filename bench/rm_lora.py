@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import results_file
 from common import BENCH, Results, log, run_measured
+from dpo_beta import data_dir, pairs_command
 from stamp import Stamp, summary
 
 from rlhfkit.demo.plan import LORA, plan
@@ -28,25 +28,13 @@ from rlhfkit.files import read_jsonl
 from rlhfkit.tasks.support import label_noise_ceiling
 
 
-def data_dir(demo: Path) -> Path:
-    return demo / "data" / ("chat" if (demo / "data" / "chat").is_dir() else "")
-
-
 def rm_command(args, variant: str, rate: float, out: Path) -> list[str]:
-    demo = Path(args.demo_dir)
     options = {**plan(False, args.model).settings["rm"], "learning_rate": rate}
     for key in ("lora_r", "lora_alpha", "save_merged"):
         options.pop(key, None)
     if variant == "lora":
         options.update(LORA, save_merged=False)
-    data = data_dir(demo)
-    cmd = [sys.executable, "-m", "rlhfkit.cli.main", "rm", "--model", str(demo / "sft")]
-    cmd += ["--data", str(data / "prefs_train.jsonl"), "--eval-data", str(data / "prefs_eval.jsonl")]
-    cmd += ["--output-dir", str(out), "--seed", str(args.seed), "--threads", str(args.threads), "--progress", "false"]
-    cmd += ["--overwrite-output-dir"]
-    for name, value in options.items():
-        cmd += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
-    return cmd
+    return pairs_command(args, "rm", options, out)
 
 
 def held_out(out: Path) -> dict:

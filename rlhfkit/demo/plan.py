@@ -3,9 +3,8 @@ pretrained model given with ``--model`` (a Hugging Face folder or a ``.gguf`` fi
 
 The built-in model is a ~0.23M-parameter GPT-2 trained from scratch, so its stages are long and cheap. A
 pretrained model already writes fluent replies: its stages are short, and each step costs ~100x more. Above
-``LORA_ABOVE`` parameters the policy stages (SFT, PPO, DPO) train LoRA adapters (the PPO and DPO reference is
-then the same backbone with its adapters off). The reward model is trained in full: its score head is new. On
-every model PPO's value function is a network started from the reward model (with adapters on its backbone
+``LORA_ABOVE`` parameters every stage trains LoRA adapters (the PPO and DPO reference is then the same backbone
+with its adapters off; the reward model's and the value model's new score heads train in full). On every model PPO's value function is a network started from the reward model (with adapters on its backbone
 when the policy has them), in plain PPO as in iterated PPO, so the two differ only in their labels' timing.
 The pretrained model's own chat template formats every prompt (``chat_rows``).
 """
@@ -82,16 +81,19 @@ LORA = dict(lora_r=16, lora_alpha=32)
 ADAPTERS = dict(**LORA, save_merged=False)
 RM_LORA_RATE = 1e-3  # bench/rm_lora.py: the highest held-out accuracy of 5e-4 and 1e-3, above training in full
 PRETRAINED = {
-    # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo.md). The
-    # held-out evaluations of the reward model and DPO run once, at their last step (each is minutes of forward
-    # passes). Every stage trains LoRA adapters (the reward model's and the value model's score head in full) and
-    # saves them alone; the reward model's rate: bench/rm_lora.py (held-out accuracy and time against training it
-    # in full). PPO makes two epochs of two minibatches over each batch of rollouts: a single update per batch is
-    # cheaper a step, but in this budget of steps it leaves the gold score where SFT left it.
-    "sft": dict(max_steps=120, learning_rate=2e-4, batch_size=8, warmup_steps=10, eval_steps=60, **ADAPTERS),
-    "rm": dict(max_steps=150, learning_rate=RM_LORA_RATE, batch_size=8, eval_steps=150, **ADAPTERS),
+    # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo-models.md),
+    # sized so that a seed runs in about an hour: 600 preference labels, 16 PPO steps. Every stage trains LoRA
+    # adapters (the reward model's and the value model's score head in full) and saves them alone; the reward
+    # model's rate: bench/rm_lora.py (held-out accuracy and time against training it in full). The held-out
+    # evaluations of the reward model and DPO run once, at their last step, and PPO's gold score is logged at its
+    # first and last step (the demo's evaluation measures every final policy). PPO makes two epochs of two
+    # minibatches over each batch of rollouts: a single update per batch is cheaper a step, but in this budget
+    # of steps it leaves the gold score where SFT left it.
+    "sft": dict(max_steps=80, learning_rate=2e-4, batch_size=8, warmup_steps=8, eval_steps=80, **ADAPTERS),
+    # one pass over the 600 preference labels (75 steps of 8), as DPO makes
+    "rm": dict(max_steps=75, learning_rate=RM_LORA_RATE, batch_size=8, eval_steps=75, **ADAPTERS),
     "ppo": dict(
-        max_steps=30,
+        max_steps=16,
         learning_rate=1e-4,
         batch_size=16,
         num_minibatches=2,
@@ -99,24 +101,24 @@ PRETRAINED = {
         max_new_tokens=40,
         temperature=0.7,
         kl_coef=0.05,
-        gold_steps=10,
-        sample_steps=10,
+        gold_steps=16,
+        sample_steps=8,
         **ADAPTERS,
     ),
-    # DPO makes one pass over the 1200 preference labels (150 steps of 8).
     "dpo": dict(
-        max_steps=150, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=150, **ADAPTERS
+        max_steps=75, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=75, **ADAPTERS
     ),
-    # Iterated PPO as on the built-in model: the first reward model makes one pass over half the offline pairs,
-    # each of 3 rounds adds a third of the other half (the policy's own pairs) and continues the reward model
-    # for 50 steps over every pair so far, and PPO continues for a third of PPO's steps with PPO's settings. Its
-    # value model is a separate network started from the reward model (adapters on its backbone too). The policy's
-    # adapter goes on training from round to round (the reference is SFT: its adapters off).
+    # Iterated PPO as on the built-in model, in 2 rounds: the first reward model makes one pass over half the
+    # offline pairs, each round adds half of the other half (the policy's own pairs) and continues the reward
+    # model for 40 steps over every pair so far, and PPO continues for half of PPO's steps with PPO's settings.
+    # Its value model is a separate network started from the reward model (adapters on its backbone too), as
+    # plain PPO's. The policy's adapter goes on training from round to round (the reference is SFT: its adapters
+    # off).
     "iterate": dict(
-        rounds=3,
-        max_steps=10,
-        rm_initial_steps=75,
-        rm_steps=50,
+        rounds=2,
+        max_steps=8,
+        rm_initial_steps=38,
+        rm_steps=40,
         rm_learning_rate=RM_LORA_RATE,
         rm_lora_r=LORA["lora_r"],
         rm_batch_size=8,
@@ -127,11 +129,11 @@ PRETRAINED = {
         max_new_tokens=40,
         temperature=0.7,
         kl_coef=0.05,
-        gold_steps=10,
+        gold_steps=8,
         **ADAPTERS,
     ),
     "online_dpo": dict(
-        rounds=3, dpo_epochs=1.0, dpo_beta=0.1, learning_rate=5e-5, max_new_tokens=40, temperature=0.7, **ADAPTERS
+        rounds=2, dpo_epochs=1.0, dpo_beta=0.1, learning_rate=5e-5, max_new_tokens=40, temperature=0.7, **ADAPTERS
     ),
 }
 QUICK = {  # a smoke test of the wiring: seconds, numbers meaningless
@@ -199,7 +201,7 @@ def plan(quick: bool, model: str = "") -> Plan:
             pairs_per_round=8,
         )
     if pretrained:
-        sizes = {"sft": 1200, "prefs_train": 1200, "prefs_eval": 400}
+        sizes = {"sft": 1200, "prefs_train": 600, "prefs_eval": 400}
         notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages and the value model"]
         # Two samples per held-out prompt: a single reply's gold score varies widely, and one sample for each of
         # the held-out prompts leaves two policies' difference too uncertain to rank them.

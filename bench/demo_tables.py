@@ -9,7 +9,14 @@ import statistics
 from iterate_tables import t_test_p
 from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, load, mean_se, pm, sources, table
 
-# The SmolLM2-135M-Instruct runs the tables show (machine key, run key); their seeds are shown together.
+# SmolLM2-135M-Instruct (machine key, run key); a list's seeds are shown together. The current plan (600 labels,
+# 16 PPO steps, 2 rounds; rlhfkit/demo/plan.py):
+SMOLLM2_PLAN_RUNS = [(XEON_AMX, "7c39c7204a2d --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1")]
+# LoRA on every stage with 1200 labels, 30 PPO steps and 3 rounds; its stages ran from the code of commit e8080e4
+# and its evaluation from 42b2fce (the demo's --resume):
+SMOLLM2_LORA_RUNS = [(XEON_AMX, "42b2fcea3a92 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0")]
+# An earlier plan: plain PPO's value function a head on the policy, DPO on 800 of its 1200 labels, no online DPO,
+# the reward model in full.
 SMOLLM2_RUNS = [
     (AVX2, "e2dd9f30c0e1 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
     (AVX2, "9c0c4c8f1b47 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 1,2"),
@@ -107,7 +114,7 @@ def demo_rounds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
                     r["round"],
                     r["labels"],
                     f"{r['rm_accuracy_new_pairs']:.3f}",
-                    f"{r['rm_accuracy_new_pairs_after_update']:.3f}",
+                    after(r),
                     f"{r['reward']:.2f}",
                     f"{r['kl']:.2f}",
                     "" if r.get("gold") is None else f"{r['gold']:.2f}",
@@ -115,6 +122,16 @@ def demo_rounds(where: list[tuple[str, str]] = SMOLLM2_RUNS) -> list[str]:
             )
     header = ["seed", "round", "new labels", "RM accuracy before", "after", "reward", "KL to SFT", "gold"]
     return table(header, rows)  # the seeds table beside it names the runs
+
+
+def after(r: dict) -> str:
+    """The reward model's accuracy after a round's update: on the round's new pairs (what earlier code measured),
+    else on the share of them held out of its training (marked "held out")."""
+    if "rm_accuracy_new_pairs_after_update" in r:
+        return f"{r['rm_accuracy_new_pairs_after_update']:.3f}"
+    if r.get("rm_accuracy_heldout_after") is None:
+        return "—"
+    return f"{r['rm_accuracy_heldout_after']:.3f} (held out)"
 
 
 # The built-in tiny model's runs (`bench/demo_seeds.py --threads 1`, the demo's default), every row of the demo.
@@ -132,11 +149,12 @@ def p_text(p: float | None) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
 
 
-def demo_tiny(where: list[tuple[str, str]] | None = None) -> list[str]:
-    """The built-in model per seed: SFT's gold, each policy's gain over SFT (± its paired standard error), PPO
-    against DPO and iterated PPO against online DPO (each pair at equal labels), the reward model's held-out
-    accuracy (ceiling), minutes. Last rows: the mean over seeds ± its standard error, and per comparison the
-    paired t-test's p across seeds and how many seeds it won."""
+def demo_tiny(where: list[tuple[str, str]] | None = None, kl: bool = False) -> list[str]:
+    """Per seed: SFT's gold, each policy's gain over SFT (± its paired standard error), PPO against DPO and
+    iterated PPO against online DPO (each pair at equal labels), the reward model's held-out accuracy (ceiling),
+    with ``kl`` each policy's KL to SFT, minutes. Last rows: the mean over seeds ± its standard error, and per
+    comparison the paired t-test's p across seeds and how many seeds it won. ``where``: the runs (the built-in
+    model's, TINY_RUNS, by default)."""
     runs = [Run("demo", *w) for w in (TINY_RUNS if where is None else where)]
     seeds = seeds_of(runs)
     rows = []
@@ -147,27 +165,40 @@ def demo_tiny(where: list[tuple[str, str]] | None = None) -> list[str]:
         cells += gain_cells(got, [(name, "sft") for name in TINY_GAINS], columns)
         cells += gain_cells(got, TINY_PAIRS, columns)
         columns["minutes"].append(got["seconds"] / 60)
-        cells += [f"{got['rm/eval_accuracy']:.3f} ({got['rm/label_noise_ceiling']:.3f})", f"{got['seconds'] / 60:.1f}"]
+        cells.append(f"{got['rm/eval_accuracy']:.3f} ({got['rm/label_noise_ceiling']:.3f})")
+        if kl:
+            cells.append(" / ".join(f"{got[f'kl/{n}']:.1f}" for n in TINY_GAINS))
+        cells.append(f"{got['seconds'] / 60:.1f}")
         rows.append(cells)
+    blank = [""] * kl
     if len(rows) > 1:
         gains = (pm(mean_se(columns[k]), sign="+") for k in (*TINY_GAINS, *map("-".join, TINY_PAIRS)))
         rows.append(
-            ["mean ± s.e.", pm(mean_se(columns["sft"])), *gains, "", f"{statistics.mean(columns['minutes']):.1f}"]
+            [
+                "mean ± s.e.",
+                pm(mean_se(columns["sft"])),
+                *gains,
+                "",
+                *blank,
+                f"{statistics.mean(columns['minutes']):.1f}",
+            ]
         )
         tests = []
         for key in map("-".join, TINY_PAIRS):
             p = t_test_p(columns[key])
             won = sum(d > 0 for d in columns[key])
             tests.append(f"{p_text(p)}, {won} of {len(columns[key])} seeds")
-        rows.append(["paired t-test across seeds", "", "", "", "", "", *tests, "", ""])
+        rows.append(["paired t-test across seeds", "", "", "", "", "", *tests, "", *blank, ""])
     header = ["seed", "gold: SFT", *(f"gain: {label}" for label in TINY_GAINS.values()), "PPO − DPO"]
-    header += ["iterated PPO − online DPO", "RM accuracy (ceiling)", "minutes"]
+    header += ["iterated PPO − online DPO", "RM accuracy (ceiling)"]
+    header += ["KL to SFT: " + " / ".join(TINY_GAINS.values())] * kl + ["minutes"]
     return [*table(header, rows), "", sources(*runs)]
 
 
 def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
-    """The built-in model's stage times per seed (seconds; a stage run beside the others in a child process is
-    marked), and the whole demo's minutes (the runs of ``demo_tiny``, whose table names them)."""
+    """Stage times per seed (seconds; a stage run beside the others in a child process is marked), and the whole
+    demo's minutes: the runs ``where`` (the built-in model's, TINY_RUNS, by default; the gains table beside it
+    names them)."""
     runs = [Run("demo", *w) for w in (TINY_RUNS if where is None else where)]
     seeds = seeds_of(runs)
     stages = list(dict.fromkeys(name for _, got in seeds for name in got["stage_seconds"]))
@@ -182,6 +213,9 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
         ["load average during the run"]
         + [f"{statistics.mean(got['stage_load_average'].values()):.1f}" for _, got in seeds]
     )
+    if any(got.get("stage_code") for _, got in seeds):  # runs since stages record their code
+        codes = [dict.fromkeys(c or "not recorded" for c in (got.get("stage_code") or {}).values()) for _, got in seeds]
+        rows.append(["code of the stages"] + ["; ".join(c) or "not recorded" for c in codes])
     return table(["stage", *(f"seed {seed}: seconds" for seed, _ in seeds)], rows)
 
 

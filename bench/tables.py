@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from demo_tables import (
+    SMOLLM2_LORA_RUNS,
+    SMOLLM2_PLAN_RUNS,
     TINY_BETA_01_RUNS,
     demo_rounds,
     demo_seeds,
@@ -501,6 +503,12 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_tiny": demo_tiny,
     "demo_tiny_beta_0_1": lambda: demo_tiny(TINY_BETA_01_RUNS),
     "demo_stage_times": demo_stage_times,
+    "demo_smol": lambda: demo_tiny(SMOLLM2_PLAN_RUNS, kl=True),
+    "demo_smol_stage_times": lambda: demo_stage_times(SMOLLM2_PLAN_RUNS),
+    "demo_smol_rounds": lambda: demo_rounds(SMOLLM2_PLAN_RUNS),
+    "demo_smol_lora": lambda: demo_tiny(SMOLLM2_LORA_RUNS, kl=True),
+    "demo_smol_lora_stage_times": lambda: demo_stage_times(SMOLLM2_LORA_RUNS),
+    "demo_smol_lora_rounds": lambda: demo_rounds(SMOLLM2_LORA_RUNS),
     "dpo_beta": dpo_beta,
     "dpo_beta_gold": dpo_beta_gold,
     "rm_lora": rm_lora,

@@ -4,8 +4,9 @@ pretrained model given with ``--model`` (a Hugging Face folder or a ``.gguf`` fi
 The built-in model is a ~0.23M-parameter GPT-2 trained from scratch, so its stages are long and cheap. A
 pretrained model already writes fluent replies: its stages are short, and each step costs ~100x more. Above
 ``LORA_ABOVE`` parameters every stage trains LoRA adapters (the PPO and DPO reference is then the same backbone
-with its adapters off; the reward model's and the value model's new score heads train in full). On every model PPO's value function is a network started from the reward model (with adapters on its backbone
-when the policy has them), in plain PPO as in iterated PPO, so the two differ only in their labels' timing.
+with its adapters off; the reward model's and the value model's new score heads train in full). On every model
+PPO's value function is a network started from the reward model (with adapters on its backbone when the policy
+has them), in plain PPO as in iterated PPO, so the two differ only in their labels' timing.
 The pretrained model's own chat template formats every prompt (``chat_rows``).
 """
 

@@ -329,6 +329,7 @@ def write_report(
             "seconds": seconds,
             "stage_seconds": stage_seconds,
             "stage_load_average": stages.load,
+            "stage_code": dict(getattr(stages, "code", {})),
             # the stages that ran in a child process beside the others: {stage: the stages run meanwhile}
             "stage_beside": dict(getattr(stages, "beside", {})),
         }
@@ -405,6 +406,11 @@ def write_report(
         f"| {k}{f' (beside {beside[k]})' if k in beside else ''} | {v:.0f} | {stages.load.get(k, float('nan')):.1f} |"
         for k, v in stage_seconds.items()
     ]
+    code = {stage: c or "not recorded" for stage, c in getattr(stages, "code", {}).items()}
+    if len(set(code.values())) == 1:
+        lines += ["", f"Code: {next(iter(code.values()))}."]
+    elif code:  # a --resume kept stages run by other code
+        lines += ["", "Code: " + "; ".join(f"{stage}: {c}" for stage, c in code.items()) + "."]
     if model:  # not the built-in model trained from scratch
         lines = [PRETRAINED_ABOUT.format(model=model) if line == ABOUT else line for line in lines]
     if plan is not None:

@@ -31,6 +31,24 @@ console = Console(stderr=True)
 STAGES_FILE = "stages.json"  # the finished stages, what --resume keeps
 
 
+def code_version() -> str:
+    """The code a stage runs: rlhfkit's version, and where the package is a git checkout its commit (``-dirty``
+    when the package's files differ from it)."""
+    from rlhfkit import __version__
+
+    here = Path(__file__).resolve().parent.parent
+    try:
+        git = ["git", "-C", str(here)]
+        sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return f"rlhfkit {__version__}"
+        status = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return f"rlhfkit {__version__}"
+    dirty = "-dirty" if status.stdout.strip() else ""
+    return f"rlhfkit {__version__}, git {sha.stdout.strip()}{dirty}"
+
+
 def stage_config(command: str, options: dict[str, Any]):
     """The config of ``rlhfkit COMMAND`` with ``options`` ({option name: value}, as the flags would give them):
     every value converted to its option's type, required options present, the command's own checks run."""
@@ -88,10 +106,13 @@ class Stages:
     machine's 1-minute load average at the end of each stage: other work on the machine stretches the times.
     A stage can also run beside the others in a child process (``start`` ... ``wait``); its end is printed the
     moment the child exits, among the stages running then, and ``beside`` names the stages that ran meanwhile.
-    ``seconds`` and ``load`` list the stages in the order they started."""
+    ``seconds`` and ``load`` list the stages in the order they started; ``code`` the code each ran
+    (``code_version``: a stage kept from an earlier run keeps that run's)."""
 
     def __init__(self, total: int, record: Path | None = None, identity: dict | None = None, resume: bool = False):
         self.total, self.done, self.seconds, self.load = total, 0, {}, {}
+        self.code: dict[str, str | None] = {}
+        self.current = code_version()
         self.beside: dict[str, str] = {}
         self.pending: list[Background] = []
         self.order: list[str] = []
@@ -116,7 +137,7 @@ class Stages:
         self._header(name)
         seconds = self.earlier[name]["seconds"]
         self.earlier_seconds += seconds
-        self._record(name, seconds, self.earlier[name]["load"])
+        self._record(name, seconds, self.earlier[name]["load"], self.earlier[name].get("code"))
         console.print(f"[green]kept[/green] {escape(name)}: finished by an earlier run (in {seconds:.0f}s)")
         return True
 
@@ -125,12 +146,15 @@ class Stages:
         self.order.append(name)
         console.rule(f"[bold]demo {self.done}/{self.total}: {escape(name)}")
 
-    def _record(self, name: str, seconds: float, load: float) -> None:
+    def _record(self, name: str, seconds: float, load: float, code: str | None = "") -> None:
+        """``code``: the code that ran the stage ("": this run's; None: not known, a record older than this)."""
         self.seconds[name], self.load[name] = seconds, load
+        self.code[name] = self.current if code == "" else code
         self.seconds = {n: self.seconds[n] for n in self.order if n in self.seconds}
         self.load = {n: self.load[n] for n in self.order if n in self.load}
+        self.code = {n: self.code[n] for n in self.order if n in self.code}
         if self.record is not None:
-            stages = {n: {"seconds": self.seconds[n], "load": self.load[n]} for n in self.seconds}
+            stages = {n: {"seconds": self.seconds[n], "load": self.load[n], "code": self.code[n]} for n in self.seconds}
             write_json(self.record, {"identity": self.identity, "stages": stages})
 
     def start(self, name: str, command: str, config, log: Path, threads: int) -> Background | None:

@@ -458,6 +458,29 @@ def test_resumed_stages_are_kept_once_with_their_earlier_times(tmp_path, capsys)
         Stages(total=1, record=record, identity={"seed": 1}, resume=True)
 
 
+def test_each_stage_records_the_code_that_ran_it_and_a_kept_stage_keeps_its_own(tmp_path, monkeypatch):
+    from rlhfkit import __version__
+    from rlhfkit.demo import stages as stages_module
+    from rlhfkit.demo.stages import Stages, code_version
+
+    assert code_version().startswith(f"rlhfkit {__version__}")
+    record = tmp_path / "stages.json"
+    monkeypatch.setattr(stages_module, "code_version", lambda: "rlhfkit 0.1.0, git aaaa")
+    Stages(total=2, record=record, identity={"seed": 0}).run("a", lambda: 1)
+    saved = json.loads(record.read_text())["stages"]
+    saved["old"] = {"seconds": 1.0, "load": 0.0}  # a record written before stages named their code
+    write = json.loads(record.read_text())
+    write["stages"] = saved
+    record.write_text(json.dumps(write))
+    monkeypatch.setattr(stages_module, "code_version", lambda: "rlhfkit 0.1.0, git bbbb")
+    again = Stages(total=3, record=record, identity={"seed": 0}, resume=True)
+    again.run("a", lambda: 1 / 0)
+    again.run("old", lambda: 1 / 0)
+    again.run("b", lambda: 2)
+    assert again.code == {"a": "rlhfkit 0.1.0, git aaaa", "old": None, "b": "rlhfkit 0.1.0, git bbbb"}
+    assert json.loads(record.read_text())["stages"]["b"]["code"] == "rlhfkit 0.1.0, git bbbb"
+
+
 def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_models(
     tiny_model_dir, tmp_path, capsys, monkeypatch
 ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
 from iterate_tables import t_test_p
 from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, load, mean_se, pm, sources, table
@@ -223,12 +224,19 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
 BETA_MACHINE = AVX512_RECORDED
 
 
-def dpo_beta(machine: str | None = None) -> list[str]:
+def of_model(run: Run, model: str) -> bool:
+    """Whether a bench/dpo_beta.py run was on the demo of ``model`` (a file or folder name; "": the built-in)."""
+    return Path(run["args"].get("model") or "").name == model
+
+
+def dpo_beta(machine: str | None = None, model: str = "") -> list[str]:
     """DPO's held-out preference accuracy and held-out DPO loss (the held-out labels' negative log-likelihood
-    under the policy's implicit Bradley-Terry model) per beta and demo seed (bench/dpo_beta.py; a seed's betas
-    may come from several runs), with their means over seeds; the best mean of each is in bold."""
+    under the policy's implicit Bradley-Terry model) per beta and demo seed (bench/dpo_beta.py on the demo of
+    ``model``, "" the built-in one; a seed's betas may come from several runs), with their means over seeds; the
+    best mean of each is in bold."""
     machine = BETA_MACHINE if machine is None else machine
     runs = [Run("dpo_beta", machine, key) for key in load("dpo_beta")["machines"][machine]]
+    runs = [run for run in runs if of_model(run, model) and not run.data.get("gold")]
     got: dict[float, dict[int, dict]] = {}
     for run in runs:
         for beta, r in run["betas"].items():
@@ -267,6 +275,7 @@ def dpo_beta_gold(machine: str | None = None) -> list[str]:
     machine = BETA_GOLD_MACHINE if machine is None else machine
     data = load("dpo_beta")["machines"].get(machine, {})
     runs = [Run("dpo_beta", machine, key) for key, run in data.items() if run.get("gold")]
+    runs = [run for run in runs if of_model(run, "")]
     got: dict[float, dict[int, dict]] = {}
     for run in runs:
         for beta, r in run["betas"].items():

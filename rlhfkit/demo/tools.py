@@ -192,7 +192,7 @@ def write_report(out: Path, results: dict, stages, seconds: float, quick: bool =
             "seconds": seconds,
             "stage_seconds": stages.seconds,
             "stage_load_average": stages.load,
-            "stage_code": stages.code,
+            "stage_code": dict(getattr(stages, "code", {})),
         }
     )
     summary = {k: None if isinstance(v, float) and v != v else v for k, v in summary.items()}  # NaN: no such rows

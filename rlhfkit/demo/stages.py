@@ -32,11 +32,14 @@ STAGES_FILE = "stages.json"  # the finished stages, what --resume keeps
 
 
 def code_version() -> str:
-    """The code a stage runs: rlhfkit's version, and where the package is a git checkout its commit (``-dirty``
-    when the package's files differ from it)."""
+    """The code a stage runs: rlhfkit's version, and where the package is a source checkout under git its commit
+    (``-dirty`` when the package's files differ from it). An installed package has no commit, even inside some
+    other git work tree."""
     from rlhfkit import __version__
 
     here = Path(__file__).resolve().parent.parent
+    if not (here.parent / "pyproject.toml").is_file():
+        return f"rlhfkit {__version__}"
     try:
         git = ["git", "-C", str(here)]
         sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ def code_version() -> str:
     """The code a stage runs: rlhfkit's version, and where the package is a source checkout under git its commit
     (``-dirty`` when the package's files differ from it). An installed package has no commit, even inside some
     other git work tree."""
-    from rlhfkit import __version__
-
+    try:
+        __version__ = metadata.version("rlhfkit")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        __version__ = "(not installed)"
     here = Path(__file__).resolve().parent.parent
     if not (here.parent / "pyproject.toml").is_file():
         return f"rlhfkit {__version__}"

@@ -459,7 +459,7 @@ def test_resumed_stages_are_kept_once_with_their_earlier_times(tmp_path, capsys)
 
 
 def test_each_stage_records_the_code_that_ran_it_and_a_kept_stage_keeps_its_own(tmp_path, monkeypatch):
-    from rlhfkit import __version__
+    from rlhfkit import __version__  # the installed package's version, as its metadata says
     from rlhfkit.demo import stages as stages_module
     from rlhfkit.demo.stages import Stages, code_version
 

@@ -203,7 +203,7 @@ def plan(quick: bool, model: str = "") -> Plan:
         )
     if pretrained:
         sizes = {"sft": 1200, "prefs_train": 600, "prefs_eval": 400}
-        notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on the policy stages and the value model"]
+        notes = [f"{parameters / 1e6:.0f}M parameters: LoRA (r = 16) on every stage, reward and value models too"]
         # Two samples per held-out prompt: a single reply's gold score varies widely, and one sample for each of
         # the held-out prompts leaves two policies' difference too uncertain to rank them.
         return Plan(

@@ -37,22 +37,22 @@ def code_version() -> str:
     (``-dirty`` when the package's files differ from it). An installed package has no commit, even inside some
     other git work tree."""
     try:
-        __version__ = metadata.version("rlhfkit")
+        version = f"rlhfkit {metadata.version('rlhfkit')}"
     except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        __version__ = "(not installed)"
+        version = "rlhfkit (not installed)"
     here = Path(__file__).resolve().parent.parent
     if not (here.parent / "pyproject.toml").is_file():
-        return f"rlhfkit {__version__}"
+        return version
+    git = ["git", "-C", str(here)]
     try:
-        git = ["git", "-C", str(here)]
         sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
-            return f"rlhfkit {__version__}"
+            return version
         status = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return f"rlhfkit {__version__}"
+        return version
     dirty = "-dirty" if status.stdout.strip() else ""
-    return f"rlhfkit {__version__}, git {sha.stdout.strip()}{dirty}"
+    return f"{version}, git {sha.stdout.strip()}{dirty}"
 
 
 def stage_config(command: str, options: dict[str, Any]):

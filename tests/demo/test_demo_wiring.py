@@ -467,11 +467,9 @@ def test_each_stage_records_the_code_that_ran_it_and_a_kept_stage_keeps_its_own(
     record = tmp_path / "stages.json"
     monkeypatch.setattr(stages_module, "code_version", lambda: "rlhfkit 0.1.0, git aaaa")
     Stages(total=2, record=record, identity={"seed": 0}).run("a", lambda: 1)
-    saved = json.loads(record.read_text())["stages"]
-    saved["old"] = {"seconds": 1.0, "load": 0.0}  # a record written before stages named their code
-    write = json.loads(record.read_text())
-    write["stages"] = saved
-    record.write_text(json.dumps(write))
+    saved = json.loads(record.read_text())
+    saved["stages"]["old"] = {"seconds": 1.0, "load": 0.0}  # a record written before stages named their code
+    record.write_text(json.dumps(saved))
     monkeypatch.setattr(stages_module, "code_version", lambda: "rlhfkit 0.1.0, git bbbb")
     again = Stages(total=3, record=record, identity={"seed": 0}, resume=True)
     again.run("a", lambda: 1 / 0)

@@ -48,6 +48,11 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
         )
     if optim.max_steps == 0 or optim.max_steps < -1:
         raise UserError(f"{option('max_steps')} must be > 0 or -1, got {optim.max_steps}")
+    if 0 < optim.schedule_steps < optim.max_steps:
+        raise UserError(
+            f"{option('schedule_steps', optim.schedule_steps)} is shorter than the run's "
+            f"{option('max_steps', optim.max_steps)}: its last steps would train at a rate of 0"
+        )
     if optim.optimizer_state and not Path(optim.optimizer_state).exists():
         raise UserError(f"{optim.optimizer_state}: {option('optimizer_state')} does not exist")
     if lora is not None:

@@ -73,3 +73,9 @@ def test_the_carried_state_keeps_this_runs_rate_and_refuses_other_parameters(tmp
         updates.carry_in(Accelerator(cpu=True), optimizer, updates.build_scheduler(optimizer, optim, 4), tmp_path)
     with pytest.raises(UserError, match="no trainer_state.pt"):
         updates.state_file(tmp_path / "nowhere")
+
+
+def test_a_schedule_shorter_than_the_run_is_refused(tiny_model_dir, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", sft_rows(8, seed=5))
+    code, _, err = run_cli(capsys, *sft_args(tiny_model_dir, data, tmp_path / "o", max_steps=6, schedule_steps=4))
+    assert code != 0 and "--schedule-steps 4 is shorter than the run's --max-steps 6" in err

@@ -17,8 +17,16 @@ METHODS = {
     "iterated": "iterated PPO",
     "iterated_fixed_rm_lr": "iterated PPO, RM updates at 2e-5",
     "iterated_rm_trust_off": "iterated PPO, --rm-trust 0",
+    "iterated_carried": "iterated PPO, optimizer carried",
     "dpo": "DPO",
     "online_dpo": "online DPO",
+    "online_dpo_carried": "online DPO, optimizer carried",
+}
+# paired differences a run records (bench/iterate_tasks.py PAIRED), as the table names them
+DIFFERENCES = {
+    "iterated_minus_ppo": "iterated − plain PPO",
+    "iterated_carried_minus_restarted": "iterated PPO: carried − restarted",
+    "online_dpo_carried_minus_restarted": "online DPO: carried − restarted",
 }
 TASK_ORDER = ("support", "arithmetic", "notes")
 
@@ -66,16 +74,20 @@ def rows_of(results: dict) -> list[str]:
                 continue  # a method some runs did not have
             cells = [f"{r[m]['gain']:+.2f} ± {r[m]['gain_se']:.2f}" if r else "–" for r in per_seed]
             lines.append(f"| | {name} | " + " | ".join(cells) + f" | {over_seeds([r[m]['gain'] for r in done])} |")
-        diffs = [r["iterated_minus_ppo"]["mean"] for r in done]
-        p = t_test_p(diffs)
-        above = sum(d > 0 for d in diffs)
-        cells = [
-            f"{r['iterated_minus_ppo']['mean']:+.2f} ± {r['iterated_minus_ppo']['se']:.2f}" if r else "–"
-            for r in per_seed
-        ]
-        tail = over_seeds(diffs) + (f", t-test p = {p:.2f}" if p is not None else "") + f", {above}/{len(diffs)} > 0"
-        lines.append("| | iterated − plain PPO | " + " | ".join(cells) + f" | {tail} |")
+        for key, name in DIFFERENCES.items():
+            if all(key in r for r in done):
+                lines.append(difference_row(key, name, per_seed))
     return lines
+
+
+def difference_row(key: str, name: str, per_seed: list[dict | None]) -> str:
+    """One paired difference seed by seed (± its paired s.e.), and over seeds with a t-test and the sign count."""
+    diffs = [r[key]["mean"] for r in per_seed if r]
+    p = t_test_p(diffs)
+    above = sum(d > 0 for d in diffs)
+    cells = [f"{r[key]['mean']:+.2f} ± {r[key]['se']:.2f}" if r else "–" for r in per_seed]
+    tail = over_seeds(diffs) + (f", t-test p = {p:.2f}" if p is not None else "") + f", {above}/{len(diffs)} > 0"
+    return f"| | {name} | " + " | ".join(cells) + f" | {tail} |"
 
 
 def iterate_tasks(where: list[tuple[str, str]] | None = None) -> list[str]:

@@ -21,6 +21,11 @@ eval --gold-judge TASK` on the held-out prompts, 4 samples each, with one sampli
 policy's gain is paired with SFT's reply by reply (mean and standard error of the differences).
 
     python bench/iterate_tasks.py [--tasks support,arithmetic,notes] [--seeds 0,1,2] [--jobs 2]
+    python bench/iterate_tasks.py --methods iterated,iterated_carried,online_dpo,online_dpo_carried
+
+`--methods` runs some of them (and the stages they need); besides those above, `iterated_carried` and
+`online_dpo_carried` are iterated PPO and online DPO with --carry-optimizer (each round goes on with the last
+round's optimizer and one schedule), each paired with its restarting twin reply by reply.
     python bench/iterate_tasks.py --report bench/reported/iterate_tasks.json
 
 Each stage is kept in --work-dir and skipped when its output is there, so a stopped run continues. Results merge
@@ -47,14 +52,30 @@ BENCH = Path(__file__).resolve().parent
 OUT = BENCH / "reported" / "iterate_tasks.json"
 RLHFKIT = [sys.executable, "-m", "rlhfkit"]
 VARIANTS = {"iterated_fixed_rm_lr": ["--rm-learning-rate", "2e-5"], "iterated_rm_trust_off": ["--rm-trust", "0"]}
-METHODS = ("ppo", "iterated", *VARIANTS, "dpo", "online_dpo")
+CARRY = ["--carry-optimizer", "true"]
+METHODS = ("ppo", "iterated", *VARIANTS, "dpo", "online_dpo")  # what a run without --methods runs
+ALL_METHODS = (*METHODS, "iterated_carried", "online_dpo_carried")
+# a variant read against its twin, reply by reply: name -> (variant, twin)
+PAIRED = {
+    "iterated_minus_ppo": ("iterated", "ppo"),
+    "iterated_carried_minus_restarted": ("iterated_carried", "iterated"),
+    "online_dpo_carried_minus_restarted": ("online_dpo_carried", "online_dpo"),
+}
+ITERATED = {"iterated": [], **VARIANTS, "iterated_carried": CARRY}
+ONLINE = {"online_dpo": [], "online_dpo_carried": CARRY}
 OFFLINE_FIRST, LABELS = 150, 300
 POLICY_LR = "3e-4"
 SFT = "--max-steps 1000 --learning-rate 3e-3 --batch-size 16 --warmup-steps 20 --lr-scheduler cosine"
 RM = "--learning-rate 1e-3 --num-epochs 3"
 ROUNDS = "--rounds 3 --pairs-per-round 50"
 EVAL_REPEATS = 4
-DEFAULTS = {"tasks": "support,arithmetic,notes", "seeds": "0,1,2", "jobs": 2, "threads": 1}
+DEFAULTS = {
+    "tasks": "support,arithmetic,notes",
+    "seeds": "0,1,2",
+    "jobs": 2,
+    "threads": 1,
+    "methods": ",".join(METHODS),
+}
 
 
 def run(args: list, log: Path) -> None:
@@ -84,8 +105,9 @@ def gold_rows(path: Path) -> list[float]:
     return [float(json.loads(line)["gold"]) for line in path.read_text().splitlines() if line.strip()]
 
 
-def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
-    """Every stage of one task and seed; returns its gold figures and the iterate runs' round records."""
+def one(task_name: str, seed: int, work: Path, threads: int, methods: tuple[str, ...] = METHODS) -> dict:
+    """The stages of one task and seed that ``methods`` need; returns their gold figures and the iterate runs'
+    round records."""
     from rlhfkit.tasks import get_task
 
     d = work / f"{task_name}-{seed}"
@@ -107,31 +129,36 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
     rms = {}
     for n, data in ((OFFLINE_FIRST, prefs_first), (LABELS, prefs_all)):
         rms[n] = d / f"rm{n}"
+        if n == LABELS and "ppo" not in methods or n == OFFLINE_FIRST and not set(methods) & set(ITERATED):
+            continue
         stage(rms[n] / "reward_stats.json", ["rm", "--model", sft, "--data", data, "--eval-data",
               files["prefs_eval"], "--output-dir", rms[n], *RM.split(), *seed_flag], log, threads)  # fmt: skip
     policies = {
         "ppo": d / "ppo",
-        "iterated": d / "iterated" / "final",
-        **{name: d / name / "final" for name in VARIANTS},
+        **{name: d / name / "final" for name in ITERATED},
         "dpo": d / "dpo",
-        "online_dpo": d / "online_dpo" / "final",
+        **{name: d / name / "final" for name in ONLINE},
     }
+    policies = {name: path for name, path in policies.items() if name in methods}
     common = ["--model", sft, "--learning-rate", POLICY_LR, *seed_flag]
-    stage(policies["ppo"] / "model.safetensors", ["ppo", *common, "--reward-model", rms[LABELS], "--value-model",
-          rms[LABELS], "--data", prompts, "--max-steps", 90, "--output-dir", d / "ppo"], log, threads)  # fmt: skip
-    stage(policies["iterated"] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
-          "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30,
-          "--output-dir", d / "iterated"], log, threads)  # fmt: skip
-    # each change on its own: the reward model's updates at a fixed 2e-5 instead of its own rate; no KL response
-    for name, flags in VARIANTS.items():
-        stage(policies[name] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
-              "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30, *flags,
-              "--output-dir", d / name], log, threads)  # fmt: skip
-    stage(policies["dpo"] / "model.safetensors", ["dpo", *common, "--data", prefs_all, "--num-epochs", 2,
-          "--output-dir", d / "dpo"], log, threads)  # fmt: skip
-    stage(policies["online_dpo"] / "model.safetensors", ["iterate", *common, "--algorithm", "dpo", "--prefs",
-          prefs_first, "--judge", task_name, "--data", prompts, *ROUNDS.split(),
-          "--output-dir", d / "online_dpo"], log, threads)  # fmt: skip
+    if "ppo" in methods:
+        stage(policies["ppo"] / "model.safetensors", ["ppo", *common, "--reward-model", rms[LABELS], "--value-model",
+              rms[LABELS], "--data", prompts, "--max-steps", 90, "--output-dir", d / "ppo"], log, threads)  # fmt: skip
+    # each change on its own: the reward model's updates at a fixed 2e-5 instead of its own rate; no KL response;
+    # the optimizer carried across rounds
+    for name, flags in ITERATED.items():
+        if name in methods:
+            stage(policies[name] / "model.safetensors", ["iterate", *common, "--reward-model", rms[OFFLINE_FIRST],
+                  "--judge", task_name, "--data", prompts, *ROUNDS.split(), "--max-steps", 30, *flags,
+                  "--output-dir", d / name], log, threads)  # fmt: skip
+    if "dpo" in methods:
+        stage(policies["dpo"] / "model.safetensors", ["dpo", *common, "--data", prefs_all, "--num-epochs", 2,
+              "--output-dir", d / "dpo"], log, threads)  # fmt: skip
+    for name, flags in ONLINE.items():
+        if name in methods:
+            stage(policies[name] / "model.safetensors", ["iterate", *common, "--algorithm", "dpo", "--prefs",
+                  prefs_first, "--judge", task_name, "--data", prompts, *ROUNDS.split(), *flags,
+                  "--output-dir", d / name], log, threads)  # fmt: skip
     golds = {}
     for name, model in {"sft": sft, **policies}.items():
         out = d / "eval" / f"{name}.json"
@@ -139,23 +166,22 @@ def one(task_name: str, seed: int, work: Path, threads: int) -> dict:
               "--seed", 1234], log, threads)  # fmt: skip
         golds[name] = gold_rows(out.with_suffix(".samples.jsonl"))
     result = {"sft_gold": statistics.mean(golds["sft"]), "seconds": round(time.perf_counter() - start)}
-    for name in METHODS:
+    for name in methods:
         diffs = [a - b for a, b in zip(golds[name], golds["sft"])]
         result[name] = {
             "gold": statistics.mean(golds[name]),
             "gain": statistics.mean(diffs),
             "gain_se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
         }
-    for name in ("iterated", *VARIANTS, "online_dpo"):
+    for name in (m for m in methods if m in ITERATED or m in ONLINE):
         rounds = json.loads((d / name / "summary.json").read_text())["rounds"]
         keys = ("round", "labels", "similar_pairs", "collapsed", "rm_accuracy_new_pairs", "rm_accuracy_heldout_before",
                 "rm_accuracy_heldout_after", "reward", "reward_std", "kl", "kl_coef")  # fmt: skip
         result[name]["rounds"] = [{k: r[k] for k in keys if k in r} for r in rounds]
-    diffs = [a - b for a, b in zip(golds["iterated"], golds["ppo"])]
-    result["iterated_minus_ppo"] = {
-        "mean": statistics.mean(diffs),
-        "se": statistics.stdev(diffs) / math.sqrt(len(diffs)),
-    }
+    for key, (a, b) in PAIRED.items():
+        if a in methods and b in methods:
+            diffs = [x - y for x, y in zip(golds[a], golds[b])]
+            result[key] = {"mean": statistics.mean(diffs), "se": statistics.stdev(diffs) / math.sqrt(len(diffs))}
     return result
 
 
@@ -170,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", default=DEFAULTS["seeds"], help="comma-separated seeds")
     ap.add_argument("--jobs", type=int, default=DEFAULTS["jobs"], help="task-seeds run side by side")
     ap.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="CPU threads of each command")
+    ap.add_argument("--methods", default=DEFAULTS["methods"], help=f"comma-separated, of {', '.join(ALL_METHODS)}")
     ap.add_argument("--work-dir", default=str(BENCH / ".work" / "iterate_tasks"), help="where the runs are kept")
     ap.add_argument("--out", default=str(OUT), help="the results file")
     args = results_file.parse_or_report(ap, argv, print_table)
@@ -177,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     stamp = Stamp()
     tasks, seeds = args.tasks.split(","), [int(s) for s in args.seeds.split(",")]
+    methods = tuple(args.methods.split(","))
+    if set(methods) - set(ALL_METHODS):
+        ap.error(f"--methods: unknown {sorted(set(methods) - set(ALL_METHODS))}; of {', '.join(ALL_METHODS)}")
     settings = {k: getattr(args, k) for k in DEFAULTS}
     key = results_file.run_key(stamp.commit, settings, DEFAULTS)
     machine = results_file.machine_key(stamp.record())
@@ -185,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work_dir)
     jobs = [(t, s) for t in tasks for s in seeds if f"{t}-{s}" not in run_record["results"]]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {pool.submit(one, t, s, work, args.threads): (t, s) for t, s in jobs}
+        futures = {pool.submit(one, t, s, work, args.threads, methods): (t, s) for t, s in jobs}
         for future in futures:
             t, s = futures[future]
             try:

@@ -3,6 +3,8 @@ spells it (``--max-steps`` on the command line, ``max_steps`` in the Python API)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlhfkit.config import trackers
 from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs
 from rlhfkit.errors import UserError, option
@@ -32,6 +34,7 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
     at_least(
         0,
         warmup_steps=optim.warmup_steps,
+        schedule_steps=optim.schedule_steps,
         weight_decay=optim.weight_decay,
         max_grad_norm=optim.max_grad_norm,
         eval_steps=run.eval_steps,
@@ -45,6 +48,13 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
         )
     if optim.max_steps == 0 or optim.max_steps < -1:
         raise UserError(f"{option('max_steps')} must be > 0 or -1, got {optim.max_steps}")
+    if 0 < optim.schedule_steps < optim.max_steps:
+        raise UserError(
+            f"{option('schedule_steps', optim.schedule_steps)} is shorter than the run's "
+            f"{option('max_steps', optim.max_steps)}: its last steps would train at a rate of 0"
+        )
+    if optim.optimizer_state and not Path(optim.optimizer_state).exists():
+        raise UserError(f"{optim.optimizer_state}: {option('optimizer_state')} does not exist")
     if lora is not None:
         at_least(0, lora_r=lora.lora_r)
     run.report_to = trackers.check(run.report_to)  # comma-separated names split; a missing package named now

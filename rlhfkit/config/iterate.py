@@ -49,6 +49,10 @@ class IterateArgs:
     """With --algorithm dpo: passes over each round's new pairs (and over --prefs first), at --learning-rate."""
     rounds: int = 3
     """Rounds of (pairs sampled from the policy -> labels -> reward model updated -> PPO continued)."""
+    carry_optimizer: bool = False
+    """Each round's PPO (or online DPO) continues the last round's AdamW moments and one learning-rate schedule
+    over every round's steps, as a single run whose labels arrive in rounds; false: each round starts both
+    afresh (its rate decaying to 0 within the round)."""
     pairs_per_round: int = 128
     """Prompts of --data sampled twice by the current policy each round; each gives one pair to label."""
     rm_steps: int = 50
@@ -148,6 +152,11 @@ class IterateConfig(PPOConfig):
             raise UserError(f"{option('rm_holdout')} must be in [0, 1), got {it.rm_holdout}")
         if self.optim.max_steps <= 0:
             raise UserError(f"{option('max_steps')} (PPO steps per round) must be > 0")
+        if self.optim.optimizer_state or self.optim.schedule_steps:
+            raise UserError(
+                f"{option('optimizer_state')} and {option('schedule_steps')} are set by the loop for each round: "
+                f"give {option('carry_optimizer', True)} to carry the optimizer from round to round"
+            )
         if it.algorithm == "ppo" and not self.reward.reward_model and not it.prefs:
             raise UserError(
                 f"give {option('reward_model')} (the reward model to start from) or {option('prefs')} (pairs to "

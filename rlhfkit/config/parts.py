@@ -78,6 +78,14 @@ optimizer step): the same update with less memory."""
     gradient_checkpointing: bool = False
     """Recompute each transformer layer's activations during the backward pass instead of keeping them: the
 activation memory of one layer instead of all of them, for roughly a third more compute per step."""
+    optimizer_state: str = ""
+    """Start AdamW's moments and the learning-rate schedule's position from an earlier run of the same model
+    and options (its checkpoint folder OUT/checkpoints/step-N, its OUT folder for the newest checkpoint, or a
+    trainer_state.pt) instead of afresh, as when one run goes on with new data; the weights still come from
+    --model, this run's learning rate and other settings stay. One process or DDP only."""
+    schedule_steps: int = 0
+    """Steps the learning-rate schedule runs over (0: this run's steps); with --optimizer-state, the whole
+    length of the runs it continues, so the rate decays once over all of them."""
 
 
 @dataclass

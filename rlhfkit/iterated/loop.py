@@ -41,6 +41,7 @@ import dataclasses
 import json
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -58,7 +59,7 @@ from rlhfkit.iterated.mixed import mixed_labels
 from rlhfkit.iterated.models import VALUE_DIR, copy_model, sample_replies, save_value_model
 from rlhfkit.iterated.online_dpo import OnlineDPO
 from rlhfkit.iterated.reward_models import RewardModels
-from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, last_mean, metrics_rows
+from rlhfkit.iterated.runs import COMMAND, OPTIMIZER_FILE, ROUND_FILE, keep_optimizer_state, last_mean, metrics_rows
 from rlhfkit.training.runtime import pick_device
 from rlhfkit.training.session import clear_output_dir
 
@@ -207,10 +208,18 @@ class Iteration:
     # -- PPO ------------------------------------------------------------------------------------------------
 
     def ppo_config(
-        self, policy: str, reward_model: str, value_model: str, out: Path, round_k: int, kl_coef: float | None = None
+        self,
+        policy: str,
+        reward_model: str,
+        value_model: str,
+        out: Path,
+        round_k: int,
+        kl_coef: float | None = None,
+        carried: Path | None = None,
     ) -> PPOConfig:
         """One round's PPO: the run's PPO options, from ``policy`` against ``reward_model``, the KL coefficient
-        ``kl_coef`` (None: --kl-coef)."""
+        ``kl_coef`` (None: --kl-coef); with --carry-optimizer, from the optimizer state ``carried`` (the last
+        round's; None in round 1) on one schedule over every round's steps."""
         c = self.cfg
         parts = {f.name: dataclasses.replace(getattr(c, f.name)) for f in dataclasses.fields(PPOConfig)}
         ppo = PPOConfig(**parts)
@@ -226,8 +235,20 @@ class Iteration:
         ppo.run.output_dir, ppo.run.resume, ppo.run.seed = str(out), False, c.run.seed + round_k
         ppo.run.overwrite_output_dir = True  # a round without its record is redone from its labels
         ppo.run.save_steps, ppo.run.save_total_limit = steps, 1  # the last step's checkpoint holds the value model
+        if c.iterate.carry_optimizer:
+            ppo.optim.optimizer_state = str(carried or "")
+            ppo.optim.schedule_steps = c.iterate.rounds * steps
         ppo.check()
         return ppo
+
+    def carry(self, run_dir: Path, drop_checkpoints: bool = False) -> Path | None:
+        """With --carry-optimizer: the round's optimizer state, kept for the next round; else None."""
+        if not self.cfg.iterate.carry_optimizer:
+            return None
+        kept = keep_optimizer_state(run_dir)
+        if drop_checkpoints:
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        return kept
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -271,6 +292,7 @@ class Iteration:
         offline = [_preference_row(ex) for ex in load_examples(it.prefs, "preference", COMMAND)] if it.prefs else []
         collected: list[dict] = []
         records: list[dict] = []
+        carried: Path | None = None  # --carry-optimizer: the last round's optimizer state
         for k in range(1, it.rounds + 1):
             round_dir = self.out / f"round-{k}"
             done = round_dir / ROUND_FILE
@@ -285,9 +307,11 @@ class Iteration:
                 reward_model, policy = record["reward_model"], str(run_dir)
                 kl_coef = record.get("kl_coef", kl_coef)
                 value_model = str(run_dir / VALUE_DIR) if (run_dir / VALUE_DIR).is_dir() else value_model
+                carried = run_dir / OPTIMIZER_FILE if (run_dir / OPTIMIZER_FILE).is_file() else carried
                 continue
             start = time.perf_counter()
             clock = _Phases()
+            before = carried
             # 1-2. pairs from the current policy (a collapsed one's against the last healthy one), judged (once: a
             #      restart reads the labels back)
             rows, sampling = clock("sample", lambda: self.candidates(round_dir, policy, examples, k, baseline, healthy))
@@ -297,10 +321,12 @@ class Iteration:
             record = {"round": k, "labels": len(prefs), **counts, **sampling}
             if dpo:
                 # 3-5. DPO continued from the policy on the round's pairs, the reference staying --model
-                dpo_cfg = self.dpo.config(policy, round_dir / "pairs.jsonl", len(prefs), run_dir, k)
+                position = sum(r.get("dpo_steps", 0) for r in records)  # the schedule's steps so far
+                dpo_cfg = self.dpo.config(policy, round_dir / "pairs.jsonl", len(prefs), run_dir, k, carried, position)
                 if dpo_cfg is not None:
                     clock("dpo", lambda: execute("dpo", dpo_cfg))
                     policy = str(run_dir)
+                    carried = self.carry(run_dir, drop_checkpoints=True)
                 record.update(self.dpo.record(run_dir, dpo_cfg))
             else:
                 reward_model, measured = self.reward_models.round(
@@ -317,10 +343,11 @@ class Iteration:
                         f"{option('rm_trust')} {it.rm_trust:g}: the policy outran it; KL coefficient now {kl_coef:g}"
                     )
                 # 5. PPO continued from the last policy and value model, against the new reward model
-                ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k, kl_coef)
+                ppo_cfg = self.ppo_config(policy, reward_model, value_model, run_dir, k, kl_coef, carried)
                 record["kl_coef"] = kl_coef
                 clock("ppo", lambda: execute("ppo", ppo_cfg))
                 policy = str(run_dir)
+                carried = self.carry(run_dir)  # before the value model's save drops the checkpoints
                 if ppo_cfg.needs_critic:
                     value_model = str(clock("ppo", lambda: save_value_model(run_dir, value_model, self.trust, c.lora)))
                 metrics = metrics_rows(run_dir)
@@ -341,6 +368,8 @@ class Iteration:
             )
             write_json(done, record)
             records.append(record)
+            if before is not None and before != carried:  # only an unfinished round reads the state before its own
+                before.unlink(missing_ok=True)
             write_json(self.out / "summary.json", _summary(records, first_rm, first_seconds))
         copy_model(Path(policy), self.out / "final")
         summary = _summary(records, first_rm, first_seconds)

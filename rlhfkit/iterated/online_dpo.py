@@ -25,9 +25,20 @@ class OnlineDPO:
         self.cfg, self.out, self.device = cfg, out, device
         self.sft, self.trust = cfg.model.model, cfg.model.trust_remote_code
 
-    def config(self, policy: str, data: Path, pairs: int, out: Path, round_k: int) -> DPOConfig | None:
+    def config(
+        self,
+        policy: str,
+        data: Path,
+        pairs: int,
+        out: Path,
+        round_k: int,
+        carried: Path | None = None,
+        position: int = 0,
+    ) -> DPOConfig | None:
         """DPO from ``policy`` on the ``pairs`` rows of ``data`` for --dpo-epochs passes at --learning-rate, the
-        reference --model (None when there are no pairs to learn from)."""
+        reference --model (None when there are no pairs to learn from). With --carry-optimizer (rounds 1 on), from
+        the optimizer state ``carried`` (None: afresh) on a schedule that has run ``position`` steps and decays to
+        0 at the end of the last round, each round left taking as many steps as this one."""
         c, it = self.cfg, self.cfg.iterate
         if pairs == 0:
             return None
@@ -47,6 +58,10 @@ class OnlineDPO:
             packing=dataclasses.replace(c.packing),
             run=run_args(c, out, c.run.seed + round_k),
         )
+        if it.carry_optimizer and round_k > 0:
+            cfg.optim.optimizer_state = str(carried or "")
+            cfg.optim.schedule_steps = position + (it.rounds - round_k + 1) * steps
+            cfg.run.save_steps, cfg.run.save_total_limit = steps, 1  # the last step's checkpoint holds the state
         cfg.check()
         return cfg
 

@@ -3,13 +3,25 @@ options of a stage's own run."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from rlhfkit.config.parts import RunArgs
 from rlhfkit.files import read_jsonl
+from rlhfkit.training.checkpoint import STATE_FILE, Checkpointer
 
 ROUND_FILE = "round.json"
 COMMAND = "rlhfkit iterate"
+OPTIMIZER_FILE = "optimizer_state.pt"  # --carry-optimizer: a round's optimizer moments and schedule, for the next
+
+
+def keep_optimizer_state(run_dir: Path) -> Path:
+    """The trainer state of ``run_dir``'s last checkpoint (its optimizer's moments and schedule position) as
+    ``run_dir/optimizer_state.pt``, the next round's --optimizer-state, kept when the checkpoints are dropped."""
+    latest = Checkpointer(run_dir).latest()
+    assert latest is not None, f"{run_dir}: the round's run left no checkpoint to carry its optimizer from"
+    shutil.copy2(latest / STATE_FILE, run_dir / OPTIMIZER_FILE)
+    return run_dir / OPTIMIZER_FILE
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:

@@ -179,7 +179,7 @@ def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: i
     if optim_args.gradient_checkpointing:
         updates.enable_gradient_checkpointing(model)
     optimizer = updates.build_optimizer(model, optim_args)
-    scheduler = updates.build_scheduler(optimizer, optim_args, session.total_steps)
+    scheduler = updates.build_scheduler(optimizer, optim_args, updates.schedule_length(optim_args, session.total_steps))
     model, optimizer = session.accelerator.prepare(model, optimizer)
     trainables = Trainables(model, optimizer, scheduler, IndexStream(n_rows, seed))
     if session.start_step > 0:  # only --resume sets a start step
@@ -188,6 +188,8 @@ def prepare_trainables(session: Session, model, optim_args: OptimArgs, n_rows: i
             optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         trainables.stream.load_state_dict(state["stream"])
+    elif optim_args.optimizer_state:
+        updates.carry_in(session.accelerator, optimizer, scheduler, optim_args.optimizer_state)
     return trainables
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.training import engines
+from rlhfkit.training.checkpoint import STATE_FILE, Checkpointer
 
 
 def enable_gradient_checkpointing(*models: torch.nn.Module | None) -> None:
@@ -58,6 +60,62 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim, total_steps: int):
         return 1.0 - progress
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def schedule_length(optim, steps: int) -> int:
+    """The schedule's length in steps: --schedule-steps, else the run's own ``steps``."""
+    return optim.schedule_steps or steps
+
+
+def state_file(path: str | Path) -> Path:
+    """The trainer-state file behind ``--optimizer-state PATH``: the file itself, a checkpoint folder's, or the
+    newest complete checkpoint's of a run folder."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if (path / STATE_FILE).is_file():
+        return path / STATE_FILE
+    latest = Checkpointer(path).latest()
+    if latest is None:
+        raise UserError(
+            f"{path}: {option('optimizer_state')} names no {STATE_FILE}, checkpoint folder or run folder with a "
+            "complete checkpoint"
+        )
+    return latest / STATE_FILE
+
+
+def carry_in(accelerator, optimizer, scheduler, path: str | Path) -> int:
+    """``--optimizer-state``: ``optimizer`` starts from the moments an earlier run of the same parameters saved,
+    ``scheduler`` from that run's position; this run's own hyperparameters (learning rate, weight decay) stay.
+    Returns the schedule's position (optimizer updates made before this run)."""
+    if engines.engine(accelerator) not in ("single", "ddp"):
+        raise UserError(f"{option('optimizer_state')} works with one process or DDP, not {engines.engine(accelerator)}")
+    file = state_file(path)
+    state = torch.load(file, weights_only=True, map_location="cpu")
+    if "optimizer" not in state or "scheduler" not in state:
+        raise UserError(f"{file}: holds no optimizer state (a sharded run's checkpoint keeps it in its shards)")
+    saved = state["optimizer"]
+    groups = optimizer.param_groups
+    sizes, saved_sizes = [len(g["params"]) for g in groups], [len(g["params"]) for g in saved["param_groups"]]
+    params = [p for g in groups for p in g["params"]]
+    shapes = {i: tuple(v["exp_avg"].shape) for i, v in saved["state"].items() if "exp_avg" in v}
+    wrong = [i for i, shape in shapes.items() if i >= len(params) or tuple(params[i].shape) != shape]
+    if sizes != saved_sizes or wrong:
+        raise UserError(
+            f"{file}: its optimizer trained other parameters ({sum(saved_sizes)} tensors in groups of {saved_sizes}"
+            f" against this run's {sum(sizes)} in {sizes}): {option('optimizer_state')} needs the same model, "
+            f"{option('lora_r')} and trainable parts"
+        )
+    own = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    optimizer.load_state_dict(saved)
+    for group, settings in zip(optimizer.param_groups, own):
+        group.update(settings)
+    position = int(state["scheduler"]["last_epoch"])
+    scheduler.last_epoch = position
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(position)
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]  # what get_last_lr() reports until the next step
+    return position
 
 
 def total_steps(optim, rows: int, rows_per_step: int) -> int:

@@ -187,6 +187,8 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     resumed = session.restore(trainer.checkpoint_models(), trainer.optimizer) if cfg.run.resume else None
     if resumed is not None:
         trainer.load_state_dict(resumed, stream)
+    elif cfg.optim.optimizer_state:
+        updates.carry_in(session.accelerator, trainer.optimizer, trainer.scheduler, cfg.optim.optimizer_state)
     samples = SampleWriter(session.output_dir, session.logger, resume_step=session.start_step)
     monitor = HackingMonitor(session.logger)
     engine_check = EngineCheck(session.logger, G) if engine is not None else None

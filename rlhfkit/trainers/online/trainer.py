@@ -96,7 +96,8 @@ class OnlineTrainer:
         updates_per_step = cfg.policy.ppo_epochs * cfg.policy.num_minibatches
         optim_args = replace(cfg.optim, warmup_steps=cfg.optim.warmup_steps * updates_per_step)
         self.optimizer = updates.build_optimizer(actor_critic, optim_args)
-        self.scheduler = updates.build_scheduler(self.optimizer, optim_args, session.total_steps * updates_per_step)
+        steps = updates.schedule_length(cfg.optim, session.total_steps)
+        self.scheduler = updates.build_scheduler(self.optimizer, optim_args, steps * updates_per_step)
         self.actor_critic, self.optimizer = self.accelerator.prepare(actor_critic, self.optimizer)
         critic = getattr(cfg, "critic", None) if actor_critic.has_critic else None
         self.accel = OnlineAccel(

@@ -12,7 +12,10 @@ from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, load, mean_se, pm,
 
 # SmolLM2-135M-Instruct (machine key, run key); a list's seeds are shown together. The current plan (600 labels,
 # 16 PPO steps, 2 rounds; rlhfkit/demo/plan.py):
-SMOLLM2_PLAN_RUNS = [(XEON_AMX, "7c39c7204a2d --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1")]
+SMOLLM2_PLAN_RUNS = [
+    (XEON_AMX, "7c39c7204a2d --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1"),
+    (XEON_AMX, "66017a9c3c4a --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 2,3"),  # seed 2 (3 was stopped)
+]
 # LoRA on every stage with 1200 labels, 30 PPO steps and 3 rounds; its stages ran from the code of commit e8080e4
 # and its evaluation from 42b2fce (the demo's --resume):
 SMOLLM2_LORA_RUNS = [(XEON_AMX, "42b2fcea3a92 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0")]

@@ -7,11 +7,18 @@ from __future__ import annotations
 import math
 import statistics
 
-from table_parts import Run, sources
+from table_parts import XEON_AMX, Run, sources
 
 EPYC_AVX512 = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores"
 # The runs the docs table shows (machine key, run key); their task-seeds are shown together.
 ITERATE_RUNS: list[tuple[str, str]] = [(EPYC_AVX512, "53412b27678f")]
+# iterated PPO and online DPO with and without --carry-optimizer, on the tasks where iterated PPO moved
+CARRY_RUNS: list[tuple[str, str]] = [
+    (
+        XEON_AMX,
+        "ebc9e988dc6c --tasks support,notes --seeds 0,1 --methods iterated,iterated_carried,online_dpo,online_dpo_carried",
+    )
+]
 METHODS = {
     "ppo": "plain PPO",
     "iterated": "iterated PPO",
@@ -102,4 +109,4 @@ def iterate_tasks(where: list[tuple[str, str]] | None = None) -> list[str]:
     return rows_of(results) + ["", sources(*runs)]
 
 
-__all__ = ["ITERATE_RUNS", "iterate_tasks", "rows_of", "t_test_p"]
+__all__ = ["CARRY_RUNS", "ITERATE_RUNS", "iterate_tasks", "rows_of", "t_test_p"]

@@ -38,7 +38,7 @@ from demo_tables import (
     rm_lora,
 )
 from engine_tables import vllm_engine, vllm_learning, vllm_learning_number
-from iterate_tables import iterate_tasks
+from iterate_tables import CARRY_RUNS, iterate_tasks
 from judge_tables import judge
 from table_parts import (
     AVX2,
@@ -516,6 +516,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "vllm_learning": vllm_learning,
     "vllm_learning_number": vllm_learning_number,
     "iterate_tasks": iterate_tasks,
+    "iterate_carry": lambda: iterate_tasks(CARRY_RUNS),
     "judge": judge,
 }
 

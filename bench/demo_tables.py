@@ -257,9 +257,9 @@ def dpo_beta(machine: str | None = None, model: str = "") -> list[str]:
     for b in sorted(got):
         cells = [f"{b:g}"]
         cells += [f"{got[b][s]['accuracy']:.4f}" if s in got[b] else "—" for s in seeds]
-        cells.append(bold(f"{acc[b]:.4f}", b == best_acc) if b in acc else "—")
+        cells.append(bold(f"{acc[b]:.4f}", acc[b] == acc[best_acc]) if b in acc else "—")  # ties all in bold
         cells += [f"{got[b][s]['loss']:.3f}" if s in got[b] else "—" for s in seeds]
-        cells.append(bold(f"{loss[b]:.3f}", b == best_loss) if b in loss else "—")
+        cells.append(bold(f"{loss[b]:.3f}", loss[b] == loss[best_loss]) if b in loss else "—")
         rows.append(cells)
     header = ["β", *(f"accuracy: seed {s}" for s in seeds), "mean", *(f"loss: seed {s}" for s in seeds), "mean"]
     return [*table(header, rows), "", sources(*runs)]

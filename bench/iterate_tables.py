@@ -13,11 +13,10 @@ EPYC_AVX512 = "AMD EPYC; torch kernels AVX512, avx2 avx512f avx512_bf16; 2 cores
 # The runs the docs table shows (machine key, run key); their task-seeds are shown together.
 ITERATE_RUNS: list[tuple[str, str]] = [(EPYC_AVX512, "53412b27678f")]
 # iterated PPO and online DPO with and without --carry-optimizer, on the tasks where iterated PPO moved
+CARRY_METHODS = "--methods iterated,iterated_carried,online_dpo,online_dpo_carried"
 CARRY_RUNS: list[tuple[str, str]] = [
-    (
-        XEON_AMX,
-        "ebc9e988dc6c --tasks support,notes --seeds 0,1 --methods iterated,iterated_carried,online_dpo,online_dpo_carried",
-    )
+    (XEON_AMX, f"ebc9e988dc6c --tasks support,notes --seeds 0,1 {CARRY_METHODS}"),
+    (XEON_AMX, f"17fbc9ecf338 --tasks support,notes --seeds 2,3 {CARRY_METHODS}"),
 ]
 METHODS = {
     "ppo": "plain PPO",

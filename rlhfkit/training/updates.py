@@ -1,4 +1,5 @@
-"""AdamW, the warm-up + decay schedule, and one optimizer step with accumulation and clipping."""
+"""AdamW, the warm-up + decay schedule, one optimizer step with accumulation and clipping, and both continued from an
+earlier run (``--optimizer-state``)."""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ from rlhfkit.demo.stages import announce_report, begin, run_stage, stage_config
 from rlhfkit.errors import UserError, option
 from rlhfkit.files import read_jsonl, write_jsonl
 from rlhfkit.inference.evaluate import evaluate_policy
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.reward import RewardScorer
 from rlhfkit.tasks import get_judge
 from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
 
@@ -203,13 +205,16 @@ def run(cfg: DemoConfig) -> dict:
         policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo") if ablation or name != "ppo_no_kl"}
         policies["iterated"] = out / "iterated" / "final"
         policies["online_dpo"] = out / "online_dpo" / "final"
+        # the reward model and the reference loaded once for every policy (sampling draws from the seed alone)
+        scorer = RewardScorer.load(str(out / "rm"), "cpu")
+        reference = load_causal_lm(str(out / "sft"), tokenizer=load_tokenizer(str(out / "sft"))).eval()
         for name, policy in policies.items():
             metrics, rows = evaluate_policy(
                 str(policy),
                 prompts,
                 gen,
-                reward_model=str(out / "rm"),
-                reference=str(out / "sft") if name != "sft" else "",  # the SFT model's KL to itself is 0
+                reward_model=scorer,
+                reference=reference if name != "sft" else None,  # the SFT model's KL to itself is 0
                 judge=get_judge("support"),
                 seed=cfg.seed,
             )

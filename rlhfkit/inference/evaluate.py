@@ -55,8 +55,8 @@ def evaluate_policy(
     prompts: list,
     generation,
     *,
-    reward_model: str = "",
-    reference: str = "",
+    reward_model: str | RewardScorer = "",
+    reference=None,
     judge=None,
     seed: int = 0,
     batch_size: int = 32,
@@ -66,9 +66,11 @@ def evaluate_policy(
     ranks: Ranks | None = None,
     data_path: str = "the prompts",
 ) -> tuple[dict, list[dict]]:
-    """Sample one response per prompt and measure them; returns (metrics, sample rows). With ``ranks`` of
-    several processes, each samples and scores a contiguous share (seed + rank) and every process returns
-    the metrics and rows of all prompts."""
+    """Sample one response per prompt and measure them; returns (metrics, sample rows). ``reward_model`` and
+    ``reference``: a folder to load, or one already loaded (a ``RewardScorer``, a causal LM) when several
+    policies are measured against the same ones; empty or None: not measured. With ``ranks`` of several
+    processes, each samples and scores a contiguous share (seed + rank) and every process returns the metrics
+    and rows of all prompts."""
     ranks = ranks or Ranks()
     tokenizer = load_tokenizer(policy_dir, trust_remote_code)
     every = encode_prompts(tokenizer, prompts, max_prompt_length, generation.truncate_prompts, data_path)
@@ -80,16 +82,22 @@ def evaluate_policy(
     responses = sample_responses(policy, tokenizer, prompt_ids, generation, batch_size, device)
     texts = [decode(tokenizer, r) for r in responses]
     rows = [{"prompt": p, "response": t, "tokens": len(r)} for p, t, r in zip(mine, texts, responses)]
-    if reward_model:
-        scorer = RewardScorer.load(reward_model, device, trust_remote_code)
+    if isinstance(reward_model, RewardScorer) or reward_model:
+        scorer = (
+            reward_model
+            if isinstance(reward_model, RewardScorer)
+            else RewardScorer.load(reward_model, device, trust_remote_code)
+        )
         finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
         for row, s in zip(rows, scorer.score(mine, texts, finished=finished).mean.tolist()):
             row["score"] = s
     if judge is not None:
         for row, p, t in zip(rows, mine, texts):
             row["gold"] = judge(render_prompt(tokenizer, p), t)
-    if reference:
-        ref = load_causal_lm(reference, trust_remote_code, tokenizer).to(device).eval()
+    ref = reference
+    if isinstance(reference, (str, Path)):
+        ref = load_causal_lm(str(reference), trust_remote_code, tokenizer).to(device).eval() if str(reference) else None
+    if ref is not None:
         kls = sequence_kl(
             policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size
         )

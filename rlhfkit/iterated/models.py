@@ -52,16 +52,23 @@ def sample_pairs(policy_dir: str, prompts: list, *args, **kwargs) -> list[tuple[
     return sample_replies(policy_dir, prompts, *args, **kwargs, per_prompt=2)
 
 
-def pair_accuracy(rm_dir: str, rows: list[dict], device, trust_remote_code: bool = False) -> float | None:
-    """How often the reward model (an ensemble: its mean) scores ``chosen`` above ``rejected`` (a tie counts
-    one half) over preference rows; None for none."""
-    if not rows:
-        return None
+def pair_accuracies(rm_dir: str, row_sets: list[list[dict]], device, trust_remote_code: bool = False) -> list:
+    """Per set of preference rows: how often the reward model (an ensemble: its mean) scores ``chosen`` above
+    ``rejected`` (a tie counts one half); None for an empty set. The model is loaded once (not at all when every
+    set is empty)."""
+    if not any(row_sets):
+        return [None] * len(row_sets)
     scorer = RewardScorer.load(rm_dir, device, trust_remote_code)  # (packing: the command's, rlhfkit.accel)
-    prompts = [r["prompt"] for r in rows]
-    chosen = scorer.score(prompts, [r["chosen"] for r in rows]).mean.float().cpu()
-    rejected = scorer.score(prompts, [r["rejected"] for r in rows]).mean.float().cpu()
-    return float(((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean())
+    accuracies = []
+    for rows in row_sets:
+        if not rows:
+            accuracies.append(None)
+            continue
+        prompts = [r["prompt"] for r in rows]
+        chosen = scorer.score(prompts, [r["chosen"] for r in rows]).mean.float().cpu()
+        rejected = scorer.score(prompts, [r["rejected"] for r in rows]).mean.float().cpu()
+        accuracies.append(float(((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean()))
+    return accuracies
 
 
 def save_value_model(ppo_dir: Path, value_init: str, trust_remote_code: bool = False, lora=None) -> Path:

@@ -19,7 +19,7 @@ from rlhfkit.config.parts import DataArgs, LoraArgs, ModelArgs, OptimArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.errors import UserError, option
 from rlhfkit.files import write_json, write_jsonl
-from rlhfkit.iterated.models import pair_accuracy
+from rlhfkit.iterated.models import pair_accuracies
 from rlhfkit.iterated.runs import COMMAND, ROUND_FILE, run_args
 from rlhfkit.models.reward import ENSEMBLE_FILE, STATS_FILE
 from rlhfkit.trainers import rm
@@ -156,18 +156,18 @@ class RewardModels:
         pair so far but the round's held-out share, and its accuracy on that share before and after."""
         c, it = self.cfg, self.cfg.iterate
 
-        def accuracy(model: str, rows: list[dict]) -> float | None:
-            return clock("rm_accuracy", lambda: pair_accuracy(model, rows, self.device, self.trust))
+        def accuracies(model: str, *row_sets: list[dict]) -> list:
+            return clock("rm_accuracy", lambda: pair_accuracies(model, list(row_sets), self.device, self.trust))
 
         trained, held = split_heldout(prefs, it.rm_holdout, c.run.seed + k)
         write_jsonl(round_dir / "heldout.jsonl", held)
-        before, held_before = accuracy(reward_model, prefs), accuracy(reward_model, held)
+        before, held_before = accuracies(reward_model, prefs, held)
         shown = "-" if before is None else f"{before:.3f}"
         logger.info(f"round {k}: {len(prefs)} labelled pairs; the reward model's accuracy on them {shown}")
         data = round_dir / "rm_data.jsonl"
         write_jsonl(data, offline + collected + trained)
         updated = clock("rm", lambda: self.update(reward_model, data, round_dir / "rm", k))
-        held_after = accuracy(updated, held)
+        (held_after,) = accuracies(updated, held)
         if held:
             logger.info(
                 f"round {k}: the reward model's accuracy on {len(held)} held-out new pairs {held_before:.3f} before "

@@ -18,6 +18,7 @@ from pathlib import Path
 from rlhfkit.errors import UserError, invocation
 from rlhfkit.models.fastpath import replaceable
 from rlhfkit.models.gguf import dequantised_folder, is_gguf
+from rlhfkit.models.plain_lora import merge_plain_lora
 
 STATS_FILE = "reward_stats.json"  # beside a reward model made by ``rlhfkit rm`` (``rlhfkit.models.reward``)
 ADAPTER_CONFIG = "adapter_config.json"
@@ -158,10 +159,13 @@ def merge_adapter(model, adapter: str):
     """``model`` with the LoRA adapter folder ``adapter`` merged into its weights (W + scale * B @ A; modules the
     adapter saved whole, such as a reward model's score head, replaced), as a plain model again. The adapter's
     parameter names are the same whatever model class wraps the backbone (a causal LM's adapter merges into the
-    backbone of a reward model built from it)."""
+    backbone of a reward model built from it). A float32 model and a plain LoRA adapter merge without PEFT
+    (``rlhfkit.models.plain_lora``), to the same weights."""
     import torch
     from peft import LoraConfig, PeftModel
 
+    if merge_plain_lora(model, adapter, adapter_settings(adapter) or {}):  # the plain case, without PEFT's wrapping
+        return model
     config = LoraConfig.from_pretrained(adapter)
     config.task_type, config.inference_mode = None, True
     # PEFT draws the new adapters' initial weights before it loads the saved ones: on a forked generator, so a run

@@ -6,8 +6,8 @@
 Each folder (a causal LM or a reward model saved as an adapter on its base, which may itself be an adapter: a
 chain) is loaded ``--repeats`` times each way in this process: with the direct merge (``rlhfkit.models.plain_lora``)
 and with PEFT's (``PeftModel.from_pretrained`` then ``merge_and_unload``), alternating. Per folder: the adapters in
-its chain, the median seconds of each way, and the largest weight difference between the two (0: the same
-weights). Merged into --out under the machine and commit.
+its chain, the median seconds of each way (after one untimed load of the first folder), and the largest weight
+difference between the two (0: the same weights). Merged into --out under the machine and commit.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     defaults = vars(ap.parse_args([]))
     results = Results(Path(args.out), Stamp(), "adapter_load", defaults, args=vars(args), models={})
-    for path in [p.strip() for p in args.models.split(",") if p.strip()]:
+    paths = [p.strip() for p in args.models.split(",") if p.strip()]
+    load(paths[0], True)  # untimed: the imports and the first read of the files from disk
+    for path in paths:
         times: dict[bool, list[float]] = {True: [], False: []}
         weights = {}
         for _ in range(args.repeats):

@@ -15,6 +15,8 @@ from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, load, mean_se, pm,
 SMOLLM2_PLAN_RUNS = [
     (XEON_AMX, "7c39c7204a2d --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1"),
     (XEON_AMX, "66017a9c3c4a --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 2,3"),  # seed 2 (3 was stopped)
+    (XEON_AMX, "680482b120fa --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 3,4"),  # seed 3 (continued; 4 stopped)
+    (XEON_AMX, "3a3fa27fdfff --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
 ]
 # LoRA on every stage with 1200 labels, 30 PPO steps and 3 rounds; its stages ran from the code of commit e8080e4
 # and its evaluation from 42b2fce (the demo's --resume):
@@ -351,4 +353,28 @@ def rm_lora() -> list[str]:
         "seconds",
         "MB saved",
     ]
+    return [*table(header, rows), "", sources(*runs)]
+
+
+def adapter_load() -> list[str]:
+    """Loading a LoRA adapter chain with rlhfkit's direct merge against PEFT's (bench/adapter_load.py): every run in
+    bench/reported/adapter_load.json, one row per model folder (named by its place in the demo's folder)."""
+    runs = [
+        Run("adapter_load", machine, key) for machine, keys in load("adapter_load")["machines"].items() for key in keys
+    ]
+    rows = []
+    for run in runs:
+        for got in run["models"].values():
+            parts = got["model"].rstrip("/").split("/")
+            name = "/".join(parts[-2:]) if parts[-1] == "final" else parts[-1]
+            rows.append(
+                [
+                    name,
+                    got["adapters"],
+                    f"{got['direct_s']:.1f}",
+                    f"{got['peft_s']:.1f}",
+                    "0 (the same)" if got["max_difference"] == 0 else f"{got['max_difference']:.1g}",
+                ]
+            )
+    header = ["model", "adapters in its chain", "seconds: direct merge", "seconds: PEFT's merge", "weight difference"]
     return [*table(header, rows), "", sources(*runs)]

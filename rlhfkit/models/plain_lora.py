@@ -1,8 +1,8 @@
 """Merge a saved LoRA adapter into a float32 model's weights directly: ``W += (B @ A) * lora_alpha / r`` per
 adapted module (transposed for GPT-2's ``Conv1D``), the modules it saved whole (a reward model's score head)
 copied in. These are the operations PEFT's ``merge_and_unload`` performs, in the same order and precision, so
-the merged weights are the same bit for bit; PEFT wraps every module of the model first, which costs seconds
-a load on a model of 100M+ parameters, where these few matrix products take a fraction of one.
+the merged weights are the same bit for bit; PEFT wraps every module of the model first, which costs about a
+second an adapter on a model of 135M parameters, where these few matrix products take a fraction of one.
 
 Only the plain case is handled here: a float32 model and an adapter of LoRA weights on ``Linear``/``Conv1D``
 modules without DoRA, bias terms, rank or alpha patterns or any other variant. For anything else

@@ -50,6 +50,7 @@ def test_every_run_is_filed_under_its_stamp():
     files = sorted((BENCH / "reported").glob("*.json"))
     assert [f.name for f in files] == [
         "accel_ab.json",
+        "adapter_load.json",
         "demo.json",
         "dpo_beta.json",
         "grpo_vs_trl.json",

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from iterate_tables import t_test_p
-from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, load, mean_se, pm, sources, table
+from table_parts import AVX2, AVX512_RECORDED, XEON_AMX, Run, every_run, load, mean_se, pm, sources, table
 
 # SmolLM2-135M-Instruct (machine key, run key); a list's seeds are shown together. The current plan (600 labels,
 # 16 PPO steps, 2 rounds; rlhfkit/demo/plan.py):
@@ -329,7 +329,7 @@ def dpo_beta_gold(machine: str | None = None) -> list[str]:
 def rm_lora() -> list[str]:
     """The pretrained demo's reward model trained with LoRA against in full (bench/rm_lora.py): every run in
     bench/reported/rm_lora.json, one row per variant, with the held-out pairs' label-noise ceiling."""
-    runs = [Run("rm_lora", machine, key) for machine, keys in load("rm_lora")["machines"].items() for key in keys]
+    runs = every_run("rm_lora")
     rows = []
     for run in runs:
         for got in run["variants"].values():
@@ -359,9 +359,7 @@ def rm_lora() -> list[str]:
 def adapter_load() -> list[str]:
     """Loading a LoRA adapter chain with rlhfkit's direct merge against PEFT's (bench/adapter_load.py): every run in
     bench/reported/adapter_load.json, one row per model folder (named by its place in the demo's folder)."""
-    runs = [
-        Run("adapter_load", machine, key) for machine, keys in load("adapter_load")["machines"].items() for key in keys
-    ]
+    runs = every_run("adapter_load")
     rows = []
     for run in runs:
         for got in run["models"].values():

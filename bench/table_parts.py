@@ -47,6 +47,11 @@ class Run:
         return [(r.get("seed", self.data["args"]["seed"] + k), r) for k, r in enumerate(runs)]
 
 
+def every_run(benchmark: str) -> list[Run]:
+    """Every run in ``benchmark``'s result file, machine by machine, in the file's order."""
+    return [Run(benchmark, machine, key) for machine, keys in load(benchmark)["machines"].items() for key in keys]
+
+
 def sources(*runs: Run) -> str:
     """The line under a table: each file and machine, with the run keys used (their count where there are many;
     the table's function in this file names them)."""

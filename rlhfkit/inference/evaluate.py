@@ -55,7 +55,7 @@ def evaluate_policy(
     prompts: list,
     generation,
     *,
-    reward_model: str | RewardScorer = "",
+    reward_model: str | RewardScorer | None = "",
     reference=None,
     judge=None,
     seed: int = 0,
@@ -82,12 +82,10 @@ def evaluate_policy(
     responses = sample_responses(policy, tokenizer, prompt_ids, generation, batch_size, device)
     texts = [decode(tokenizer, r) for r in responses]
     rows = [{"prompt": p, "response": t, "tokens": len(r)} for p, t, r in zip(mine, texts, responses)]
-    if isinstance(reward_model, RewardScorer) or reward_model:
-        scorer = (
-            reward_model
-            if isinstance(reward_model, RewardScorer)
-            else RewardScorer.load(reward_model, device, trust_remote_code)
-        )
+    scorer = reward_model
+    if isinstance(reward_model, (str, Path)):
+        scorer = RewardScorer.load(str(reward_model), device, trust_remote_code) if str(reward_model) else None
+    if scorer is not None:
         finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
         for row, s in zip(rows, scorer.score(mine, texts, finished=finished).mean.tolist()):
             row["score"] = s

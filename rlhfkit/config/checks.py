@@ -37,10 +37,10 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
         schedule_steps=optim.schedule_steps,
         weight_decay=optim.weight_decay,
         max_grad_norm=optim.max_grad_norm,
-        eval_steps=run.eval_steps,
         save_steps=run.save_steps,
         threads=run.threads,
     )
+    at_least(-1, eval_steps=run.eval_steps)
     if run.resume and run.overwrite_output_dir:
         raise UserError(
             f"{option('resume', True)} continues the run in {option('output_dir')}; "

@@ -106,7 +106,8 @@ class RunArgs:
     run_name: str = ""
     """The run's name in the trackers; unset: the --output-dir folder's name."""
     eval_steps: int = 0
-    """Evaluate on --eval-data every N steps (0: only at the end)."""
+    """Evaluate on --eval-data every N steps (0: only at the end; -1: never, the rows still checked; PPO, GRPO
+    and RLOO still log --gold-judge's score on its prompts)."""
     save_steps: int = 0
     """Write a checkpoint every N steps (0: none besides the final model)."""
     save_total_limit: int = 2
@@ -126,6 +127,10 @@ class RunArgs:
     """Show a progress bar."""
     dist_timeout: int = options.dist_timeout()
     accel: Literal["auto", "off"] = options.accel()
+
+    def evaluates(self) -> bool:
+        """Whether the held-out evaluation on --eval-data runs at all (not with --eval-steps -1)."""
+        return self.eval_steps != -1
 
 
 @dataclass

@@ -85,9 +85,10 @@ PRETRAINED = {
     # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo-models.md),
     # sized so that a seed runs in about an hour: 600 preference labels, 16 PPO steps. Every stage trains LoRA
     # adapters (the reward model's and the value model's score head in full) and saves them alone; the reward
-    # model's rate: bench/rm_lora.py (held-out accuracy and time against training it in full). The held-out
-    # evaluations of the reward model and DPO run once, at their last step, and PPO's gold score is logged at its
-    # first and last step (the demo's evaluation measures every final policy). PPO makes two epochs of two
+    # model's rate: bench/rm_lora.py (held-out accuracy and time against training it in full). The reward model's
+    # held-out evaluation runs once, at its last step (its accuracy is in the report); DPO and PPO evaluate on no
+    # held-out data (--eval-steps -1: the demo's evaluation measures every final policy), and PPO's gold score is
+    # logged at its first and last step, for the report's curves. PPO makes two epochs of two
     # minibatches over each batch of rollouts: a single update per batch is cheaper a step, but in this budget
     # of steps it leaves the gold score where SFT left it.
     "sft": dict(max_steps=80, learning_rate=2e-4, batch_size=8, warmup_steps=8, eval_steps=80, **ADAPTERS),
@@ -104,10 +105,11 @@ PRETRAINED = {
         kl_coef=0.05,
         gold_steps=16,
         sample_steps=8,
+        eval_steps=-1,
         **ADAPTERS,
     ),
     "dpo": dict(
-        max_steps=75, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=75, **ADAPTERS
+        max_steps=75, learning_rate=5e-5, batch_size=8, beta=0.1, precompute_ref=True, eval_steps=-1, **ADAPTERS
     ),
     # Iterated PPO as on the built-in model, in 2 rounds: the first reward model makes one pass over half the
     # offline pairs, each round adds half of the other half (the policy's own pairs) and continues the reward
@@ -131,6 +133,7 @@ PRETRAINED = {
         temperature=0.7,
         kl_coef=0.05,
         gold_steps=8,
+        eval_steps=-1,
         **ADAPTERS,
     ),
     "online_dpo": dict(

@@ -181,6 +181,7 @@ def train(cfg: DPOConfig) -> dict:
     # 1. Validate every row before anything heavy happens.
     train_examples = load_examples(cfg.data.data, "preference", "rlhfkit dpo")
     eval_examples = load_examples(cfg.data.eval_data, "preference", "rlhfkit dpo") if cfg.data.eval_data else []
+    eval_examples = eval_examples if cfg.run.evaluates() else []  # --eval-steps -1: checked, not evaluated
 
     # 2. Policy, reference, tokenizer, encoded pairs. Dropout off: the loss compares log-probs of two models.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)

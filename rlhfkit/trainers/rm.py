@@ -157,6 +157,7 @@ def train(cfg: RMConfig) -> dict:
     # 1. Validate every row before anything heavy happens.
     train_examples = load_examples(cfg.data.data, "preference", "rlhfkit rm")
     eval_examples = load_examples(cfg.data.eval_data, "preference", "rlhfkit rm") if cfg.data.eval_data else []
+    eval_examples = eval_examples if cfg.run.evaluates() else []  # --eval-steps -1: checked, not evaluated
     out = Path(cfg.run.output_dir)
     if out.is_dir():
         (out / ENSEMBLE_FILE).unlink(missing_ok=True)  # written last: its presence means a finished ensemble

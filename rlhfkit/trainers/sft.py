@@ -79,6 +79,7 @@ def train(cfg: SFTConfig) -> dict:
     # 1. Validate every row before anything heavy happens.
     train_examples = load_examples(cfg.data.data, "sft", "rlhfkit sft")
     eval_examples = load_examples(cfg.data.eval_data, "sft", "rlhfkit sft") if cfg.data.eval_data else []
+    eval_examples = eval_examples if cfg.run.evaluates() else []  # --eval-steps -1: checked, not evaluated
 
     # 2. Model, tokenizer, encoded data.
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)

@@ -109,7 +109,9 @@ class Session:
         return max(1, optim.batch_size // (self.ranks.world * optim.gradient_accumulation_steps))
 
     def eval_due(self, step: int, eval_steps: int) -> bool:
-        """Evaluate every ``eval_steps`` steps (0: never) and always at the last step."""
+        """Evaluate every ``eval_steps`` steps (0: only at the last step; -1: never) and at the last step."""
+        if eval_steps < 0:
+            return False
         return bool(eval_steps and step % eval_steps == 0) or step == self.total_steps
 
     def log_due(self, step: int, run: RunArgs, metrics: dict) -> bool:

@@ -193,7 +193,7 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
     monitor = HackingMonitor(session.logger)
     engine_check = EngineCheck(session.logger, G) if engine is not None else None
     held_out = None
-    if eval_examples:
+    if eval_examples and cfg.run.evaluates():
         eval_ids = [encode_prompt(tokenizer, ex.prompt, cfg.data.max_prompt_length) for ex in eval_examples]
         judge = gold.judge if gold is not None else None
         held_out = HeldOutEvaluator(eval_examples, eval_ids, session.output_dir, judge, session.start_step)

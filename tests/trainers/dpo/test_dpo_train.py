@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfkit.cli.main import main
+from rlhfkit.errors import UserError
 from rlhfkit.trainers import dpo
 from rlhfkit.training.session import Session
 
@@ -103,6 +104,23 @@ def test_precomputed_reference_gives_the_same_loss_curve(dpo_config):
     for ra, rb in zip(a, b):
         for key in ("loss", "rewards/chosen", "rewards/rejected"):
             assert ra[key] == pytest.approx(rb[key], abs=1e-6 if ra["step"] == 1 else 1e-3), (ra["step"], key)
+
+
+def test_eval_steps_minus_one_checks_the_held_out_rows_and_evaluates_none(task, dpo_config, tmp_path):
+    plain = dpo_config("plain", "--max-steps", "4")
+    never = dpo_config("never", "--max-steps", "4", "--eval-data", task.prefs_eval, "--eval-steps", "-1")
+    dpo.train(plain)
+    dpo.train(never)
+    assert not any(k.startswith("eval/") for r in read_metrics(never.run.output_dir) for k in r)
+    a, b = weights(plain.run.output_dir), weights(never.run.output_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the rows are still checked before training: a broken one stops the run
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "q", "chosen": "a"}\n')
+    with pytest.raises(UserError, match="rejected"):
+        dpo.train(dpo_config("broken", "--max-steps", "4", "--eval-data", str(broken), "--eval-steps", "-1"))
+    with pytest.raises(UserError, match="eval-steps"):
+        dpo_config("wrong", "--eval-steps", "-2")
 
 
 def test_gradient_accumulation_matches_one_big_batch(dpo_config):

@@ -52,7 +52,9 @@ def test_ppo_logs_eval_metrics_at_the_due_steps_with_the_scorers_values(thanks_t
 
 def test_evaluation_leaves_the_training_run_unchanged(thanks_task, tmp_path):
     model, prompts = thanks_task
-    for name, extra in (("plain", ""), ("evaluated", f"--eval-data {prompts} --eval-steps 1")):
+    never = f"--eval-data {prompts} --eval-steps -1 --gold-judge support --gold-steps 2"
+    runs = (("plain", ""), ("evaluated", f"--eval-data {prompts} --eval-steps 1"), ("never", never))
+    for name, extra in runs:
         train(
             parse("ppo", f"--model {model} --data {prompts} --output-dir {tmp_path / name} {extra} {BASE}"),
             scorer=ThanksScorer(),
@@ -63,12 +65,19 @@ def test_evaluation_leaves_the_training_run_unchanged(thanks_task, tmp_path):
 
     plain, evaluated = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "evaluated")
     assert all("eval/reward/score" in r for r in evaluated)
-    assert training(plain) == training(evaluated)
-    a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "evaluated" / "model.safetensors")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [json.loads(x) for x in (tmp_path / "plain" / "samples.jsonl").read_text().splitlines()] == [
-        json.loads(x) for x in (tmp_path / "evaluated" / "samples.jsonl").read_text().splitlines()
-    ]
+    # --eval-steps -1: no held-out evaluation at all, while the gold judge still scores the --eval-data prompts
+    never = read_metrics(tmp_path / "never")
+    assert not any(k.startswith("eval/") for r in never for k in r)
+    assert not (tmp_path / "never" / "eval_samples.jsonl").exists()
+    assert [r["step"] for r in never if "reward/gold" in r] == [1, 2, 4]
+    for name in ("evaluated", "never"):
+        other = read_metrics(tmp_path / name)
+        assert training(plain) == [{k: v for k, v in r.items() if k != "reward/gold"} for r in training(other)]
+        a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / name / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert [json.loads(x) for x in (tmp_path / "plain" / "samples.jsonl").read_text().splitlines()] == [
+            json.loads(x) for x in (tmp_path / name / "samples.jsonl").read_text().splitlines()
+        ]
 
 
 REWARDS = """

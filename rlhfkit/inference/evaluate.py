@@ -5,6 +5,8 @@ response length, distinct-1/2 and repetition; writes a JSON file (and the sample
 
 KL to the reference is the Monte-Carlo estimate over the sampled responses y ~ pi:
 ``KL(pi || ref) ≈ mean_y Σ_t [log pi(y_t|·) − log ref(y_t|·)]`` (the same k1 sum PPO logs as ``kl/ref``).
+``log pi`` is the sampler's own (the logits each token was drawn from), ``log ref`` a forward pass of the
+reference over the sampled rows.
 """
 
 from __future__ import annotations
@@ -35,18 +37,30 @@ logger = logging.getLogger(__name__)
 
 @torch.no_grad()
 def sequence_kl(
-    policy, reference, prompt_ids, responses, pad_id: int, temperature: float, device, batch_size: int = 32
+    policy,
+    reference,
+    prompt_ids,
+    responses,
+    pad_id: int,
+    temperature: float,
+    device,
+    batch_size: int = 32,
+    policy_logprobs: list[list[float]] | None = None,
 ) -> list[float]:
-    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL)."""
+    """Per response: Σ_t log pi − log ref over its tokens (k1 estimate of the sequence KL). ``policy_logprobs``:
+    log pi of every response's tokens, as the sampler gave them (``sample_responses(logprobs=...)``); without
+    them the policy runs a forward pass too."""
     out = []
     for idx in chunks(list(range(len(responses))), batch_size):
         q, qm = pad_with_mask([prompt_ids[i] for i in idx], pad_id, "left", device)
         r, rm = pad_with_mask([responses[i] for i in idx], pad_id, "right", device)
         ids, mask, T = torch.cat([q, r], 1), torch.cat([qm, rm], 1), r.shape[1]
-        logprobs = []
-        for model in (policy, reference):
-            logprobs.append(response_logprobs(model, ids, mask, T, temperature))
-        out += ((logprobs[0] - logprobs[1]) * rm).sum(dim=1).tolist()
+        ref = (response_logprobs(reference, ids, mask, T, temperature) * rm).sum(dim=1).tolist()
+        if policy_logprobs is not None:
+            out += [sum(policy_logprobs[i]) - ref_sum for i, ref_sum in zip(idx, ref)]
+        else:
+            own = (response_logprobs(policy, ids, mask, T, temperature) * rm).sum(dim=1).tolist()
+            out += [a - b for a, b in zip(own, ref)]
     return out
 
 
@@ -79,7 +93,10 @@ def evaluate_policy(
     span = ranks.span(len(prompts))
     mine, prompt_ids = [prompts[i] for i in span], [every[i] for i in span]
     torch.manual_seed(seed + ranks.rank)
-    responses = sample_responses(policy, tokenizer, prompt_ids, generation, batch_size, device)
+    sampled_logprobs: list[list[float]] = []
+    responses = sample_responses(
+        policy, tokenizer, prompt_ids, generation, batch_size, device, logprobs=sampled_logprobs
+    )
     texts = [decode(tokenizer, r) for r in responses]
     rows = [{"prompt": p, "response": t, "tokens": len(r)} for p, t, r in zip(mine, texts, responses)]
     scorer = reward_model
@@ -96,8 +113,9 @@ def evaluate_policy(
     if isinstance(reference, (str, Path)):
         ref = load_causal_lm(str(reference), trust_remote_code, tokenizer).to(device).eval() if str(reference) else None
     if ref is not None:
+        own = sampled_logprobs if len(sampled_logprobs) == len(responses) else None  # else: a forward pass
         kls = sequence_kl(
-            policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size
+            policy, ref, prompt_ids, responses, tokenizer.pad_token_id, generation.temperature, device, batch_size, own
         )
         for row, kl in zip(rows, kls):
             row["kl"] = kl

@@ -140,12 +140,15 @@ def _decode(
     generation_args,
     stops: list[int],
     pad_id: int,
+    logps: list | None = None,
 ) -> torch.Tensor:
     """Sample up to ``max_new_tokens`` tokens after left-padded prompts, with a KV cache.
 
     input_ids, attention_mask: [U, P] left-padded distinct prompts; rows: [B] the prompt each sampled row
     continues. Returns [B, T] sampled ids with T <= max_new_tokens; after a row's first stop token it holds
-    ``pad_id`` (cut off by the caller). The loop ends once every row has stopped.
+    ``pad_id`` (cut off by the caller). The loop ends once every row has stopped. ``logps``: a list that gets
+    the [B] log-probability of each step's token under ``softmax(logits / temperature)`` (the model's whole
+    distribution, before top-k / top-p), as a forward pass over the sampled rows gives it up to float rounding.
 
     1. Prefill: the model's forward over the U prompts (``logits_to_keep=1`` skips the LM head on all but
        the last position); its last logits and key / value cache are then repeated to the B rows. Each row
@@ -189,9 +192,13 @@ def _decode(
     tokens = []
     for t in range(g.max_new_tokens):
         # float32 like generate(): a half-precision softmax / CDF would bias the draw.
-        logits = filter_logits(logits.float(), g.temperature, g.top_k, g.top_p)  # [B, V]
+        raw = logits.float()
+        logits = filter_logits(raw, g.temperature, g.top_k, g.top_p)  # [B, V]
         token = sample_from_logits(logits).masked_fill(finished, pad_id)  # [B]
         tokens.append(token)
+        if logps is not None:
+            scaled = raw / g.temperature if g.temperature != 1.0 else raw
+            logps.append(torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1))
         finished |= torch.isin(token, stop_ids)
         if t + 1 == g.max_new_tokens or bool(finished.all()):
             break
@@ -263,6 +270,7 @@ def sample_responses(
     device,
     progress=None,
     share_prompts: bool = True,
+    logprobs: list | None = None,
 ) -> list[list[int]]:
     """Sample one response per prompt; returns response token ids, each cut after its first EOS (kept).
 
@@ -274,6 +282,9 @@ def sample_responses(
     progress: optional callable ``progress(n_rows_done_in_this_batch)``, e.g. a tqdm bar's ``update``.
     share_prompts: run each distinct prompt of a batch through the model once (``distinct_prompts``); the
     samples are the same either way.
+    logprobs: a list that gets, per response, the log-probability of each of its tokens under the model at
+    ``temperature`` (the logits each token was drawn from, before top-k / top-p), which spares a forward pass
+    over the responses; left empty for a model the decode loop cannot drive (``_generate``).
     The caller seeds the RNG; sampling is then deterministic for a given batch size on one device.
     """
     if any(len(p) == 0 for p in prompts_ids):
@@ -291,8 +302,14 @@ def sample_responses(
             distinct, rows = distinct_prompts(chunk) if share_prompts else (chunk, list(range(len(chunk))))
             input_ids, attention_mask = pad_with_mask(distinct, pad_id, "left", device)  # [U, P] each
             rows = torch.tensor(rows, dtype=torch.long, device=input_ids.device)  # [B]
-            new = decode_batch(model, input_ids, attention_mask, rows, generation_args, stops, pad_id)  # [B, T]
-            responses.extend(cut_at_stop(row, stops) for row in new.tolist())
+            steps = [] if logprobs is not None and decode_batch is _decode else None
+            extra = {"logps": steps} if steps is not None else {}
+            new = decode_batch(model, input_ids, attention_mask, rows, generation_args, stops, pad_id, **extra)
+            kept = [cut_at_stop(row, stops) for row in new.tolist()]  # [B, T] -> each up to its stop
+            responses.extend(kept)
+            if steps is not None:
+                rows_logps = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in kept]  # [B, T]
+                logprobs.extend(lp[: len(ids)] for lp, ids in zip(rows_logps, kept))
             if progress is not None:
                 progress(len(chunk))
     finally:

@@ -200,3 +200,39 @@ def test_generate_fallback_matches_the_oracle_and_ignores_generation_defaults(lm
     finally:
         model.generation_config = saved
     assert model.generation_config is saved
+
+
+@pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.7, 5)])
+def test_sampled_log_probs_are_a_forward_pass_over_the_responses(lm, temperature, top_k):
+    from rlhfkit.data.collate import pad_with_mask
+    from rlhfkit.models.forward import response_logprobs
+
+    model, tok, ids = lm
+    eos = torch.nn.functional.one_hot(torch.tensor(tok.eos_token_id), model.config.vocab_size)
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, _i, out: out + 3.0 * eos.to(out.dtype))
+    args = GenerationArgs(max_new_tokens=10, temperature=temperature, top_k=top_k)
+    try:  # EOS made likely: replies of different lengths, each cut after its stop
+        torch.manual_seed(5)
+        plain = sample_responses(model, tok, ids * 2, args, batch_size=8, device="cpu")
+        torch.manual_seed(5)
+        logprobs: list = []
+        got = sample_responses(model, tok, ids * 2, args, batch_size=8, device="cpu", logprobs=logprobs)
+        # the same numbers from a forward pass over [prompt | response] at the temperature, before top-k
+        q, qm = pad_with_mask(ids * 2, tok.pad_token_id, "left", "cpu")
+        r, rm = pad_with_mask(got, tok.pad_token_id, "right", "cpu")
+        want = response_logprobs(model, torch.cat([q, r], 1), torch.cat([qm, rm], 1), r.shape[1], temperature)
+    finally:
+        hook.remove()
+    assert got == plain  # asking for them changes no sample
+    assert [len(lp) for lp in logprobs] == [len(r) for r in got] and len(set(map(len, got))) > 1
+    for row, lp in enumerate(logprobs):
+        assert lp == pytest.approx(want[row, : len(lp)].tolist(), abs=1e-5)
+    assert all(v < 0 for lp in logprobs for v in lp)
+
+
+def test_no_sampled_log_probs_from_the_generate_fallback(lm, monkeypatch):
+    model, tok, ids = lm
+    monkeypatch.setattr(sampling, "_loop_supported", lambda _model: False)
+    logprobs: list = []
+    got = sample_responses(model, tok, ids, GenerationArgs(max_new_tokens=4), 4, "cpu", logprobs=logprobs)
+    assert len(got) == len(ids) and logprobs == []  # the caller runs a forward pass instead

@@ -18,12 +18,20 @@ SMOLLM2_PLAN_RUNS = [
     (XEON_AMX, "680482b120fa --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 3,4"),  # seed 3 (continued; 4 stopped)
     (XEON_AMX, "3a3fa27fdfff --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
 ]
-# The same plan's seed again, DPO and PPO without their own held-out evaluations (--eval-steps -1): (first run,
-# rerun) of one seed.
-SMOLLM2_PLAN_RERUN = (
-    (XEON_AMX, "3a3fa27fdfff --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
-    (XEON_AMX, "d1889e4afd45 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
-)
+# Seeds of the same plan run again, DPO and PPO without their own held-out evaluations (--eval-steps -1) and the
+# evaluation's KL from the sampler's log-probs: (seed, first run, rerun).
+SMOLLM2_PLAN_RERUNS = [
+    (
+        "4",
+        (XEON_AMX, "3a3fa27fdfff --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
+        (XEON_AMX, "d1889e4afd45 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
+    ),
+    (
+        "0",
+        (XEON_AMX, "7c39c7204a2d --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0,1"),
+        (XEON_AMX, "67b6c3ccb1a4 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
+    ),
+]
 # LoRA on every stage with 1200 labels, 30 PPO steps and 3 rounds; its stages ran from the code of commit e8080e4
 # and its evaluation from 42b2fce (the demo's --resume):
 SMOLLM2_LORA_RUNS = [(XEON_AMX, "42b2fcea3a92 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0")]
@@ -231,26 +239,31 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
     return table(["stage", *(f"seed {seed}: seconds" for seed, _ in seeds)], rows)
 
 
-def demo_rerun(pair: tuple[tuple[str, str], tuple[str, str]] = SMOLLM2_PLAN_RERUN) -> list[str]:
-    """One seed run twice (``pair``: the first run, the rerun): each stage's seconds in both and the difference,
-    the whole demo's minutes, and each policy's gold gain over SFT in both (the same models give the same
-    numbers)."""
-    first, again = (Run("demo", *w) for w in pair)
-    ((seed, a),) = first["seeds"].items()
-    b = again["seeds"][seed]
-    rows = [
-        [name, f"{a['stage_seconds'][name]:.0f}", f"{b['stage_seconds'][name]:.0f}",
-         f"{b['stage_seconds'][name] - a['stage_seconds'][name]:+.0f}"]
-        for name in a["stage_seconds"]
-    ]  # fmt: skip
-    rows.append(["whole demo (minutes)", f"{a['seconds'] / 60:.1f}", f"{b['seconds'] / 60:.1f}",
-                 f"{(b['seconds'] - a['seconds']) / 60:+.1f}"])  # fmt: skip
-    for name, label in (*GAINS.items(), ("online_dpo", "online DPO")):
-        gains = [f"{gain(got, name)[0]:+.3f}" for got in (a, b)]
-        rows.append([f"gold gain: {label}", *gains, "same" if gains[0] == gains[1] else "differs"])
-    code = [" ".join(dict.fromkeys(c for c in got["stage_code"].values())) for got in (a, b)]
-    header = ["seed " + seed, f"first run ({code[0]})", f"again ({code[1]})", "difference"]
-    return [*table(header, rows), "", sources(first, again)]
+def code_of(run: Run, got: dict) -> str:
+    """The code a seed's stages ran: as the seed recorded it, else the commit the run's key starts with."""
+    codes = dict.fromkeys(c for c in (got.get("stage_code") or {}).values() if c)
+    return "; ".join(codes) or f"git {run.key.split()[0]}"
+
+
+def demo_rerun(reruns: list[tuple[str, tuple[str, str], tuple[str, str]]] = SMOLLM2_PLAN_RERUNS) -> list[str]:
+    """Seeds run twice (``reruns``: seed, the first run, the rerun): per seed each stage's seconds in both runs
+    and the difference, the whole demo's minutes, and each policy's gold gain over SFT in both (the same models
+    give the same numbers)."""
+    header, rows, runs = ["stage"], {}, []
+    for seed, *where in reruns:
+        first, again = (Run("demo", *w) for w in where)
+        runs += [first, again]
+        a, b = first["seeds"][seed], again["seeds"][seed]
+        header += [f"seed {seed}: first run ({code_of(first, a)})", f"again ({code_of(again, b)})", "difference"]
+        for name in a["stage_seconds"]:
+            x, y = a["stage_seconds"][name], b["stage_seconds"][name]
+            rows.setdefault(name, []).extend([f"{x:.0f}", f"{y:.0f}", f"{y - x:+.0f}"])
+        x, y = a["seconds"] / 60, b["seconds"] / 60
+        rows.setdefault("whole demo (minutes)", []).extend([f"{x:.1f}", f"{y:.1f}", f"{y - x:+.1f}"])
+        for name, label in (*GAINS.items(), ("online_dpo", "online DPO")):
+            x, y = gain(a, name)[0], gain(b, name)[0]
+            rows.setdefault(f"gold gain: {label}", []).extend([f"{x:+.3f}", f"{y:+.3f}", f"{y - x:+.3f}"])
+    return [*table(header, [[name, *cells] for name, cells in rows.items()]), "", sources(*runs)]
 
 
 # bench/dpo_beta.py's runs on the built-in model's demo folders (every run of the file on that machine is shown).

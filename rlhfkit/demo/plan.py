@@ -83,7 +83,7 @@ ADAPTERS = dict(**LORA, save_merged=False)
 RM_LORA_RATE = 1e-3  # bench/rm_lora.py: the highest held-out accuracy of 5e-4 and 1e-3, above training in full
 PRETRAINED = {
     # A pretrained chat model of ~100M+ parameters on 2 CPU cores (times on SmolLM2-135M in docs/demo-models.md),
-    # sized so that a seed runs in about an hour: 600 preference labels, 16 PPO steps. Every stage trains LoRA
+    # sized so that a seed runs in under an hour: 600 preference labels, 16 PPO steps. Every stage trains LoRA
     # adapters (the reward model's and the value model's score head in full) and saves them alone; the reward
     # model's rate: bench/rm_lora.py (held-out accuracy and time against training it in full). The reward model's
     # held-out evaluation runs once, at its last step (its accuracy is in the report); DPO and PPO evaluate on no

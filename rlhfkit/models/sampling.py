@@ -22,6 +22,7 @@ import torch
 from rlhfkit.data.collate import pad_with_mask
 from rlhfkit.models.fastpath import replaceable
 from rlhfkit.models.unwrap import base_model, without_ddp
+from rlhfkit.ops import logprobs_from_logits
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -198,7 +199,7 @@ def _decode(
         tokens.append(token)
         if logps is not None:
             scaled = raw / g.temperature if g.temperature != 1.0 else raw
-            logps.append(torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1))
+            logps.append(logprobs_from_logits(scaled, token))  # the forward pass's formula, [B]
         finished |= torch.isin(token, stop_ids)
         if t + 1 == g.max_new_tokens or bool(finished.all()):
             break

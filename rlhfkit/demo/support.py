@@ -1,9 +1,9 @@
 """`rlhfkit demo` on the built-in customer-support task: init-model -> SFT -> reward model -> PPO (KL on) -> PPO
-(beta = 0) -> DPO -> iterated PPO -> evaluation, with a report.
+(beta = 0) -> DPO -> iterated PPO -> online DPO -> evaluation, with a report.
 
 Every stage runs its command on a config built from the plan's options (``rlhfkit.demo.plan``). The gold judge
-of the task is used only to evaluate, never to train. With a core to spare, the beta = 0 stage runs in a child
-process beside PPO and DPO (it needs only the SFT and reward models).
+of the task is used only to evaluate, never to train. With a core to spare, two stages run at once: iterated PPO in
+a child process beside the reward model, PPO and DPO, then the beta = 0 run in a child process beside online DPO.
 """
 
 from __future__ import annotations
@@ -131,7 +131,6 @@ def run(cfg: DemoConfig) -> dict:
         "eval_data": data["prefs_eval"],
         "output_dir": f"{out}/rm",
     }
-    stages.run("reward model", lambda: run_stage("rm", {**rm, "output_dir": f"{out}/rm", **settings["rm"], **common}))
     ppo = {
         "model": f"{out}/sft",
         "reward_model": f"{out}/rm",
@@ -150,52 +149,59 @@ def run(cfg: DemoConfig) -> dict:
         "log_ref_kl": True,
         "max_steps": run_plan.no_kl_steps,
     }
-    # The ablation needs only the SFT and reward models, so with a core to spare it runs beside PPO and DPO, and
-    # online DPO, which needs only the SFT model, beside iterated PPO (each stage on cfg.threads threads; a seed
-    # gives the same numbers either way).
+    # With a core to spare (each stage on cfg.threads threads) two stages run at once, one of them in a child
+    # process: iterated PPO, the longest stage, which needs only the SFT model (it trains its own reward models),
+    # beside the reward model, PPO and DPO; then the ablation, which needs the reward model, beside online DPO.
+    # A seed gives the same numbers either way.
     spare = bool(cfg.threads) and 2 * cfg.threads <= (os.cpu_count() or 1)
-    jobs = []
-    if ablation and spare:
-        # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
-        no_kl_config = stage_config("ppo", {**no_kl, "progress": True})
-        jobs.append(stages.start(no_kl_name, "ppo", no_kl_config, out / "ppo_no_kl.log", cfg.threads))
     # a --resume continues iterated PPO and online DPO at their first unfinished round
     loop_common = {**common, "overwrite_output_dir": not cfg.resume, "resume": cfg.resume}
+    iterated = loop_options(out, data, settings["iterate"], run_plan, loop_common, "iterated")
+    iterated_name = "iterated PPO"
     online = loop_options(out, data, settings["online_dpo"], run_plan, loop_common, "online_dpo")
     online["algorithm"] = "dpo"
     online_name = "online DPO"
-    try:
-        stages.run("PPO (KL penalty on)", lambda: run_stage("ppo", {**ppo, "output_dir": f"{out}/ppo"}))
-        if ablation and not spare and no_kl_name not in stages.seconds:  # not started beside, nor kept
-            stages.run(no_kl_name, lambda: run_stage("ppo", no_kl))
-        dpo = {"model": f"{out}/sft", "data": data["prefs_train"], "eval_data": data["prefs_eval"]}
-        stages.run("DPO", lambda: run_stage("dpo", {**dpo, "output_dir": f"{out}/dpo", **settings["dpo"], **common}))
-        for job in [j for j in jobs if j is not None]:  # one child at a time beside the main process
+    dpo = {"model": f"{out}/sft", "data": data["prefs_train"], "eval_data": data["prefs_eval"]}
+    jobs = []
+
+    def in_child(name: str, command: str, options: dict, log: str) -> None:
+        # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
+        config = stage_config(command, {**options, "progress": True})
+        jobs.append(stages.start(name, command, config, out / log, cfg.threads))
+
+    def wait_for_children() -> None:
+        for job in [j for j in jobs if j is not None]:
             stages.wait(job)
-        jobs = []
+        jobs.clear()
+
+    try:
         if spare:
-            config = stage_config("iterate", {**online, "progress": True})
-            jobs.append(stages.start(online_name, "iterate", config, out / "online_dpo.log", cfg.threads))
-        stages.run(
-            "iterated PPO",
-            lambda: run_stage(
-                "iterate", loop_options(out, data, settings["iterate"], run_plan, loop_common, "iterated")
-            ),
-            done_before=seconds_done(out / "iterated") if cfg.resume else 0.0,
-        )
+            in_child(iterated_name, "iterate", iterated, "iterated.log")
+        stages.run("reward model", lambda: run_stage("rm", {**rm, **settings["rm"], **common}))
+        stages.run("PPO (KL penalty on)", lambda: run_stage("ppo", {**ppo, "output_dir": f"{out}/ppo"}))
+        if ablation and not spare:
+            stages.run(no_kl_name, lambda: run_stage("ppo", no_kl))
+        stages.run("DPO", lambda: run_stage("dpo", {**dpo, "output_dir": f"{out}/dpo", **settings["dpo"], **common}))
         if not spare:
             stages.run(
-                online_name,
-                lambda: run_stage("iterate", online),
-                done_before=seconds_done(out / "online_dpo") if cfg.resume else 0.0,
+                iterated_name,
+                lambda: run_stage("iterate", iterated),
+                done_before=seconds_done(out / "iterated") if cfg.resume else 0.0,
             )
+        wait_for_children()
+        if ablation and spare:
+            in_child(no_kl_name, "ppo", no_kl, "ppo_no_kl.log")
+        stages.run(
+            online_name,
+            lambda: run_stage("iterate", online),
+            done_before=seconds_done(out / "online_dpo") if cfg.resume else 0.0,
+        )
     except BaseException:
         for job in jobs:
             if job is not None:
                 job.process.kill()
         raise
-    for job in [j for j in jobs if j is not None]:
-        stages.wait(job)
+    wait_for_children()
 
     def evaluate_all():
         prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]

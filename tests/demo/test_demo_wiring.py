@@ -32,7 +32,8 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     from rlhfkit.demo import support
     from rlhfkit.demo.report import QUICK_RUN
 
-    monkeypatch.setattr(support.os, "cpu_count", lambda: 2)  # a core to spare: beta = 0 runs in a child process
+    # a core to spare: iterated PPO, then beta = 0, run in a child process beside the others
+    monkeypatch.setattr(support.os, "cpu_count", lambda: 2)
     out = tmp_path / "demo"
     assert main(["demo", "--output-dir", str(out), "--quick", "--progress", "false"]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -70,7 +71,14 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # child's whole log path; the report's path last
     console = console_lines(capsys.readouterr().err)
     started = [m.group(1) for m in map(re.compile(r"demo \d+/10: (.*?) ─").search, console) if m]
-    assert started[4:9] == ["PPO without KL (beta = 0)", "PPO (KL penalty on)", "DPO", "online DPO", "iterated PPO"]
+    assert started[3:9] == [
+        "iterated PPO",
+        "reward model",
+        "PPO (KL penalty on)",
+        "DPO",
+        "PPO without KL (beta = 0)",
+        "online DPO",
+    ]
     assert started == list(summary["stage_seconds"])
     log = (out / "ppo_no_kl.log").resolve()
     assert f"in a child process beside the next stages; its log: {log}" in console
@@ -78,7 +86,10 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # the child's log: the command it ran, then its progress bar to the last step
     command, *output = log.read_text().splitlines()
     assert command == f"rlhfkit ppo --config {log.with_suffix('.yaml')}"
-    assert (out / "online_dpo.log").read_text().startswith(f"rlhfkit iterate --config {out.resolve()}/online_dpo.yaml")
+    assert (out / "iterated.log").read_text().startswith(f"rlhfkit iterate --config {out.resolve()}/iterated.yaml")
+    beside = summary["stage_beside"]  # which stages began while each child ran depends on the children's speed
+    assert set(beside) == {"iterated PPO", "PPO without KL (beta = 0)"}
+    assert beside["iterated PPO"].startswith("reward model") and beside["PPO without KL (beta = 0)"] == "online DPO"
     options = yaml.safe_load(log.with_suffix(".yaml").read_text())
     assert options["kl_coef"] == 0 and options["model"] == str(out / "sft") and options["progress"] is True
     assert "2/2" in output[-1]
@@ -352,7 +363,11 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     from rlhfkit.demo import plan
     from rlhfkit.models import loading
 
+    from rlhfkit.demo import support
+
     monkeypatch.setattr(plan, "LORA_ABOVE", 0)  # the tiny model stands in for a pretrained one: its plan, LoRA
+    # no core to spare: every stage in this process, in order (the --resume below stops inside iterated PPO)
+    monkeypatch.setattr(support.os, "cpu_count", lambda: 1)
     out = tmp_path / "demo"
     flags = ["--output-dir", str(out), "--quick", "--progress", "false", "--model", str(tiny_model_dir)]
     assert main(["demo", *flags]) == 0

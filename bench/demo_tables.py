@@ -155,7 +155,9 @@ def after(r: dict) -> str:
 
 
 # The built-in tiny model's runs (`bench/demo_seeds.py --threads 1`, the demo's default), every row of the demo.
-TINY_RUNS = [(XEON_AMX, "b0b078c263dc --seeds 0,1,2,3,4 --threads 1")]
+TINY_RUNS = [(XEON_AMX, "cae858a7075c --seeds 0,1,2,3,4 --threads 1")]
+# The same seeds with the stages in the order before (beta = 0 beside PPO and DPO, online DPO beside iterated PPO).
+TINY_RUNS_BEFORE = [(XEON_AMX, "b0b078c263dc --seeds 0,1,2,3,4 --threads 1")]
 # The same plan with DPO's and online DPO's beta at 0.1, before it was chosen on held-out pairs.
 TINY_BETA_01_RUNS = [(AVX512_RECORDED, "d0fc6e7e93a6 --seeds 0,1 --threads 1")]
 TINY_GAINS = {"ppo": "PPO", "iterated": "iterated PPO", "dpo": "DPO", "online_dpo": "online DPO"}
@@ -237,6 +239,23 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
         codes = [dict.fromkeys(c or "not recorded" for c in (got.get("stage_code") or {}).values()) for _, got in seeds]
         rows.append(["code of the stages"] + ["; ".join(c) or "not recorded" for c in codes])
     return table(["stage", *(f"seed {seed}: seconds" for seed, _ in seeds)], rows)
+
+
+def demo_tiny_again(before: list[tuple[str, str]] = TINY_RUNS_BEFORE, now: list[tuple[str, str]] | None = None) -> list[str]:
+    """The same seeds run twice (``before``, then ``now``: TINY_RUNS by default): per seed the whole demo's minutes
+    in each, whether every gold, reward-model and accuracy number of the two summaries is equal, and the largest
+    difference between their KLs to SFT."""
+    first, again = ([Run("demo", *w) for w in where] for where in (before, TINY_RUNS if now is None else now))
+    a, b = dict(seeds_of(first)), dict(seeds_of(again))
+    rows = []
+    for seed in sorted(set(a) & set(b), key=int):
+        x, y = a[seed], b[seed]
+        keys = [k for k in x if k.startswith(("gold/", "gold_se/", "rm/")) and isinstance(x[k], float)]
+        same = all(x[k] == y.get(k) for k in keys)
+        kl = max(abs(x[k] - y[k]) for k in x if k.startswith("kl/") and isinstance(x[k], float))
+        rows.append([seed, f"{x['seconds'] / 60:.1f}", f"{y['seconds'] / 60:.1f}", "yes" if same else "no", f"{kl:.0e}"])
+    header = ["seed", "minutes: first run", "minutes: again", "gold, RM numbers equal", "largest KL difference"]
+    return [*table(header, rows), "", sources(*first, *again)]
 
 
 def code_of(run: Run, got: dict) -> str:

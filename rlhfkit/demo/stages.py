@@ -78,7 +78,8 @@ class Background:
     def __init__(self, name: str, command: str, config, log: Path, threads: int, on_exit):
         self.name, self.log = name, log
         self.beside: list[str] = []
-        self.seconds: float | None = None
+        self.seconds: float | None = None  # the child's wall time
+        self.done_before = 0.0  # the seconds an earlier run spent on the part of this stage the child continues
         self.load = float("nan")
         log.parent.mkdir(parents=True, exist_ok=True)
         options = write_text(log.with_suffix(".yaml"), yaml.safe_dump(flat_dict(config), sort_keys=False))
@@ -163,14 +164,17 @@ class Stages:
             stages = {n: {"seconds": self.seconds[n], "load": self.load[n], "code": self.code[n]} for n in self.seconds}
             write_json(self.record, {"identity": self.identity, "stages": stages})
 
-    def start(self, name: str, command: str, config, log: Path, threads: int) -> Background | None:
-        """None: an earlier run finished this stage (``kept``)."""
+    def start(
+        self, name: str, command: str, config, log: Path, threads: int, done_before: float = 0.0
+    ) -> Background | None:
+        """None: an earlier run finished this stage (``kept``). ``done_before``: as for ``run``."""
         if self.kept(name):
             return None
         log = log.resolve()
         self._header(name)
         console.print(f"in a child process beside the next stages; its log: {escape(str(log))}", soft_wrap=True)
         job = Background(name, command, config, log, threads, on_exit=self._exited)
+        job.done_before = done_before
         self.pending.append(job)
         return job
 
@@ -196,7 +200,8 @@ class Stages:
         if job.process.returncode != 0:
             tail = "\n".join(job.log.read_text(errors="replace").splitlines()[-15:])
             raise UserError(f"demo: {job.name} failed (exit {job.process.returncode}); end of {job.log}:\n{tail}")
-        self._record(job.name, job.seconds, job.load)
+        self._record(job.name, job.seconds + job.done_before, job.load)
+        self.earlier_seconds += job.done_before
         self.beside[job.name] = ", ".join(job.beside)
 
     def run(self, name: str, fn, keep: bool = True, done_before: float = 0.0):

@@ -164,10 +164,10 @@ def run(cfg: DemoConfig) -> dict:
     dpo = {"model": f"{out}/sft", "data": data["prefs_train"], "eval_data": data["prefs_eval"]}
     jobs = []
 
-    def in_child(name: str, command: str, options: dict, log: str) -> None:
+    def in_child(name: str, command: str, options: dict, log: str, done_before: float = 0.0) -> None:
         # The log is the only place the child's progress shows, so it draws its bar there whatever --progress says.
         config = stage_config(command, {**options, "progress": True})
-        jobs.append(stages.start(name, command, config, out / log, cfg.threads))
+        jobs.append(stages.start(name, command, config, out / log, cfg.threads, done_before=done_before))
 
     def wait_for_children() -> None:
         for job in [j for j in jobs if j is not None]:
@@ -176,7 +176,8 @@ def run(cfg: DemoConfig) -> dict:
 
     try:
         if spare:
-            in_child(iterated_name, "iterate", iterated, "iterated.log")
+            done = seconds_done(out / "iterated") if cfg.resume else 0.0
+            in_child(iterated_name, "iterate", iterated, "iterated.log", done_before=done)
         stages.run("reward model", lambda: run_stage("rm", {**rm, **settings["rm"], **common}))
         stages.run("PPO (KL penalty on)", lambda: run_stage("ppo", {**ppo, "output_dir": f"{out}/ppo"}))
         if ablation and not spare:

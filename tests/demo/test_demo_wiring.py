@@ -358,12 +358,18 @@ def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path, capsys):
     order = [line for line in console if line.startswith(("done", "waiting"))]
     assert [line.split(" in ")[0] for line in order] == ["done help", "done meanwhile", "done after"]
 
+    # a child that continues what an earlier run began (iterate --resume): its time counts that run's seconds too
+    stages = Stages(total=1)
+    start = time.perf_counter()
+    job = stages.start("continued", "init-model", config, tmp_path / "c.log", 1, done_before=100.0)
+    stages.wait(job)
+    assert 100.0 < stages.seconds["continued"] <= 100.0 + time.perf_counter() - start
+    assert stages.earlier_seconds == 100.0
+
 
 def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from rlhfkit.demo import plan
+    from rlhfkit.demo import plan, support
     from rlhfkit.models import loading
-
-    from rlhfkit.demo import support
 
     monkeypatch.setattr(plan, "LORA_ABOVE", 0)  # the tiny model stands in for a pretrained one: its plan, LoRA
     # no core to spare: every stage in this process, in order (the --resume below stops inside iterated PPO)

@@ -241,7 +241,9 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
     return table(["stage", *(f"seed {seed}: seconds" for seed, _ in seeds)], rows)
 
 
-def demo_tiny_again(before: list[tuple[str, str]] = TINY_RUNS_BEFORE, now: list[tuple[str, str]] | None = None) -> list[str]:
+def demo_tiny_again(
+    before: list[tuple[str, str]] = TINY_RUNS_BEFORE, now: list[tuple[str, str]] | None = None
+) -> list[str]:
     """The same seeds run twice (``before``, then ``now``: TINY_RUNS by default): per seed the whole demo's minutes
     in each, whether every gold, reward-model and accuracy number of the two summaries is equal, and the largest
     difference between their KLs to SFT."""
@@ -253,7 +255,9 @@ def demo_tiny_again(before: list[tuple[str, str]] = TINY_RUNS_BEFORE, now: list[
         keys = [k for k in x if k.startswith(("gold/", "gold_se/", "rm/")) and isinstance(x[k], float)]
         same = all(x[k] == y.get(k) for k in keys)
         kl = max(abs(x[k] - y[k]) for k in x if k.startswith("kl/") and isinstance(x[k], float))
-        rows.append([seed, f"{x['seconds'] / 60:.1f}", f"{y['seconds'] / 60:.1f}", "yes" if same else "no", f"{kl:.0e}"])
+        rows.append(
+            [seed, f"{x['seconds'] / 60:.1f}", f"{y['seconds'] / 60:.1f}", "yes" if same else "no", f"{kl:.0e}"]
+        )
     header = ["seed", "minutes: first run", "minutes: again", "gold, RM numbers equal", "largest KL difference"]
     return [*table(header, rows), "", sources(*first, *again)]
 

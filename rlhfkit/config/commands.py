@@ -256,7 +256,8 @@ class DemoConfig:
     """Show progress bars of the stages."""
     threads: int = 1
     """torch CPU threads of every stage; a tiny model runs fastest on one (more threads only add
-    synchronisation); 0: torch's default, one per core."""
+    synchronisation); 0: torch's default, one per core. With a core to spare (at least twice these threads)
+    the support task runs two stages at once, one in a child process."""
     accel: Literal["auto", "off"] = options.accel()
 
     def check(self) -> None:

@@ -156,7 +156,8 @@ def after(r: dict) -> str:
 
 # The built-in tiny model's runs (`bench/demo_seeds.py --threads 1`, the demo's default), every row of the demo.
 TINY_RUNS = [(XEON_AMX, "cae858a7075c --seeds 0,1,2,3,4 --threads 1")]
-# The same seeds with the stages in the order before (beta = 0 beside PPO and DPO, online DPO beside iterated PPO).
+# The same seeds on earlier code, the stages in another order (beta = 0 beside PPO and DPO, online DPO beside
+# iterated PPO).
 TINY_RUNS_BEFORE = [(XEON_AMX, "b0b078c263dc --seeds 0,1,2,3,4 --threads 1")]
 # The same plan with DPO's and online DPO's beta at 0.1, before it was chosen on held-out pairs.
 TINY_BETA_01_RUNS = [(AVX512_RECORDED, "d0fc6e7e93a6 --seeds 0,1 --threads 1")]

@@ -158,6 +158,7 @@ def run(cfg: DemoConfig) -> dict:
     loop_common = {**common, "overwrite_output_dir": not cfg.resume, "resume": cfg.resume}
     iterated = loop_options(out, data, settings["iterate"], run_plan, loop_common, "iterated")
     iterated_name = "iterated PPO"
+    iterated_before = seconds_done(out / "iterated") if cfg.resume else 0.0  # its rounds an earlier run finished
     online = loop_options(out, data, settings["online_dpo"], run_plan, loop_common, "online_dpo")
     online["algorithm"] = "dpo"
     online_name = "online DPO"
@@ -176,19 +177,14 @@ def run(cfg: DemoConfig) -> dict:
 
     try:
         if spare:
-            done = seconds_done(out / "iterated") if cfg.resume else 0.0
-            in_child(iterated_name, "iterate", iterated, "iterated.log", done_before=done)
+            in_child(iterated_name, "iterate", iterated, "iterated.log", done_before=iterated_before)
         stages.run("reward model", lambda: run_stage("rm", {**rm, **settings["rm"], **common}))
         stages.run("PPO (KL penalty on)", lambda: run_stage("ppo", {**ppo, "output_dir": f"{out}/ppo"}))
         if ablation and not spare:
             stages.run(no_kl_name, lambda: run_stage("ppo", no_kl))
         stages.run("DPO", lambda: run_stage("dpo", {**dpo, "output_dir": f"{out}/dpo", **settings["dpo"], **common}))
         if not spare:
-            stages.run(
-                iterated_name,
-                lambda: run_stage("iterate", iterated),
-                done_before=seconds_done(out / "iterated") if cfg.resume else 0.0,
-            )
+            stages.run(iterated_name, lambda: run_stage("iterate", iterated), done_before=iterated_before)
         wait_for_children()
         if ablation and spare:
             in_child(no_kl_name, "ppo", no_kl, "ppo_no_kl.log")

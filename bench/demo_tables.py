@@ -441,3 +441,60 @@ def adapter_load() -> list[str]:
             )
     header = ["model", "adapters in its chain", "seconds: direct merge", "seconds: PEFT's merge", "weight difference"]
     return [*table(header, rows), "", sources(*runs)]
+
+
+def ppo_critic(benchmark: str = "ppo_critic", demo_runs: list[tuple[str, str]] = SMOLLM2_PLAN_RUNS) -> list[str]:
+    """PPO's value function on the pretrained demo (bench/ppo_critic.py, every run of the file): per seed and
+    variant, the demo's own PPO (a separate value model started from the reward model) and the variant run again
+    from the same SFT model, reward model and settings, both evaluated as the demo evaluates: gold gained over SFT,
+    KL to SFT, median seconds a PPO step, and the variant's gold less the demo's PPO's (paired over the same
+    replies, ± s.e.); then per variant the means over seeds ± s.e., with the paired t-test's p across seeds and
+    the seeds the variant led in, and the same for the variant's gain less the DPO gain of the demo runs
+    ``demo_runs`` (each seed's own DPO, from the same SFT model and labels)."""
+    runs = every_run(benchmark)
+    demo_list = [Run("demo", *w) for w in demo_runs]
+    dpo = {int(seed): got for seed, got in seeds_of(demo_list)}
+    by_variant: dict[str, dict[int, tuple[dict, dict]]] = {}
+    demo: dict[int, dict] = {}  # per seed, what any run recorded of the demo's own PPO
+    for run in runs:
+        for seed, got in run["seeds"].items():
+            for key, value in got.items():
+                if value is not None:
+                    demo.setdefault(int(seed), {}).setdefault(key, value)
+            for variant, x in got.get("variants", {}).items():
+                by_variant.setdefault(variant, {})[int(seed)] = (got, x)
+
+    def number(value, digits: int = 2) -> str:
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    header = ["variant", "seed", "value model: gain", "KL", "s a step", "variant: gain", "KL", "s a step"]
+    header.append("variant − value model")
+    rows = []
+    for variant in sorted(by_variant):
+        critic, steps = variant.split(":")
+        name = f"{'value head' if critic == 'head' else 'value model'}, {steps} steps"
+        demo_gains, gains, diffs = [], [], []
+        for seed, (got, x) in sorted(by_variant[variant].items()):
+            demo_gains.append(got["gold/ppo"] - got["gold/sft"])
+            gains.append(x["gain"]["mean"])
+            diffs.append(x["minus_demo_ppo"]["mean"])
+            rows.append(
+                [
+                    "" if len(gains) > 1 else name,  # the variant's name on its first row
+                    str(seed),
+                    f"{demo_gains[-1]:+.2f}",
+                    number(demo[seed].get("demo_kl/ppo")),
+                    number(demo[seed].get("demo_ppo_step_seconds"), 1),
+                    pm((x["gain"]["mean"], x["gain"]["se"]), sign="+"),
+                    number(x["kl"]),
+                    number(x["step_seconds"], 1),
+                    pm((x["minus_demo_ppo"]["mean"], x["minus_demo_ppo"]["se"]), sign="+"),
+                ]
+            )
+        lead = f"{p_text(t_test_p(diffs))}, ahead in {sum(d > 0 for d in diffs)} of {len(diffs)}"
+        mean = ["mean", f"{len(diffs)} seeds", pm(mean_se(demo_gains), sign="+"), "", ""]
+        rows.append([*mean, pm(mean_se(gains), sign="+"), "", "", f"{pm(mean_se(diffs), sign='+')} ({lead})"])
+        over_dpo = [x["gain"]["mean"] - gain(dpo[seed], "dpo")[0] for seed, (_, x) in by_variant[variant].items()]
+        lead = f"{p_text(t_test_p(over_dpo))}, ahead in {sum(d > 0 for d in over_dpo)} of {len(over_dpo)}"
+        rows.append(["− the demo's DPO", "", *[""] * 6, f"{pm(mean_se(over_dpo), sign='+')} ({lead})"])
+    return [*table(header, rows), "", sources(*runs, *demo_list)]

@@ -38,6 +38,7 @@ from demo_tables import (
     demo_tiny_again,
     dpo_beta,
     dpo_beta_gold,
+    ppo_critic,
     rm_lora,
 )
 from engine_tables import vllm_engine, vllm_learning, vllm_learning_number
@@ -70,6 +71,7 @@ DOCS = [
     ROOT / "docs" / "generation.md",
     ROOT / "docs" / "iterated.md",
     ROOT / "docs" / "judge.md",
+    ROOT / "docs" / "real-models.md",
 ]
 MARKER = re.compile(r"(<!-- table:([\w-]+) -->\n)(.*?)(<!-- end -->)", re.S)
 
@@ -503,7 +505,6 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "real_memory": real_memory,
     "real_gpu": real_gpu,
     "demo_seeds": demo_seeds,
-    "demo_rounds": demo_rounds,
     "demo_tiny": demo_tiny,
     "demo_tiny_beta_0_1": lambda: demo_tiny(TINY_BETA_01_RUNS),
     "demo_stage_times": demo_stage_times,
@@ -518,6 +519,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "dpo_beta": dpo_beta,
     "demo_smol_dpo_beta": lambda: dpo_beta(XEON_AMX, "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "dpo_beta_gold": dpo_beta_gold,
+    "demo_smol_critic": ppo_critic,
     "rm_lora": rm_lora,
     "adapter_load": adapter_load,
     "vllm_engine": vllm_engine,

@@ -58,6 +58,7 @@ def test_every_run_is_filed_under_its_stamp():
         "judge.json",
         "label_load.json",
         "loss_aggregation.json",
+        "ppo_critic.json",
         "ppo_vs_trl.json",
         "profile_ppo.json",
         "real_model.json",
@@ -142,6 +143,18 @@ def test_demo_seeds_runs_each_seed_resumable_with_the_demos_own_options(tmp_path
     args.kl_ablation = "true"  # part of a demo run's identity: a seed started with it continues only with it
     cmd = demo_seeds.demo_command(args, 1, tmp_path / "seed1")
     assert cmd[cmd.index("--kl-ablation") + 1] == "true"
+
+
+def test_ppo_critic_changes_only_the_value_function_and_the_steps(tmp_path):
+    ppo_critic = load("ppo_critic")
+    demo = tmp_path / "seed3"
+    head = ppo_critic.variant_command(demo, "head:16", tmp_path / "out", 2)
+    assert head[head.index("--config") + 1] == str(demo / "ppo" / "config.yaml")  # the demo's own PPO settings
+    assert head[head.index("--value-model") + 1] == "" and head[head.index("--max-steps") + 1] == "16"
+    model = ppo_critic.variant_command(demo, "model:24", tmp_path / "out", 2)
+    assert "--value-model" not in model and model[model.index("--max-steps") + 1] == "24"
+    with pytest.raises(SystemExit, match="head:STEPS or model:STEPS"):
+        ppo_critic.variant_command(demo, "critic:16", tmp_path / "out", 2)
 
 
 def test_the_iterate_table_and_its_t_test():

@@ -1,7 +1,7 @@
 """PPO's value function in the support demo: a value head on the policy against the demo's separate value model
 (a network started from the reward model), on the demo's own SFT model, reward model and settings.
 
-    python bench/ppo_critic.py --demo-dirs runs/demo/seed0,runs/demo/seed1 --model PATH.gguf [--variants head:16,head:24]
+    python bench/ppo_critic.py --demo-dirs runs/demo/seed0,runs/demo/seed1 --model PATH.gguf [--variants head:16,model:24]
     python bench/ppo_critic.py --report bench/reported/ppo_critic.json
 
 For each finished demo folder (one per seed, as bench/demo_seeds.py leaves them), `rlhfkit ppo` runs again from the
@@ -49,8 +49,8 @@ def step_seconds(out: Path) -> float:
 
 
 def one_seed(args, demo: Path, results: Results) -> None:
-    seed = int(json.loads((demo / "summary.json").read_text())["seed"])
     demo_summary = json.loads((demo / "summary.json").read_text())
+    seed = int(demo_summary["seed"])
     ns = argparse.Namespace(demo_dir=str(demo), model=args.model, seed=seed)
     sft = [r["gold"] for r in evaluated(ns, demo / "sft")]
     ppo = [r["gold"] for r in evaluated(ns, demo / "ppo")]

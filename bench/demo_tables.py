@@ -443,17 +443,27 @@ def adapter_load() -> list[str]:
     return [*table(header, rows), "", sources(*runs)]
 
 
+def across_seeds(diffs: list[float]) -> str:
+    """Per-seed differences as the tables give them: mean ± s.e. (the paired t-test's p, the seeds ahead)."""
+    return f"{pm(mean_se(diffs), sign='+')} ({p_text(t_test_p(diffs))}, ahead in {sum(d > 0 for d in diffs)} of {len(diffs)})"
+
+
 def ppo_critic(benchmark: str = "ppo_critic", demo_runs: list[tuple[str, str]] = SMOLLM2_PLAN_RUNS) -> list[str]:
-    """PPO's value function on the pretrained demo (bench/ppo_critic.py, every run of the file): per seed and
-    variant, the demo's own PPO (a separate value model started from the reward model) and the variant run again
-    from the same SFT model, reward model and settings, both evaluated as the demo evaluates: gold gained over SFT,
-    KL to SFT, median seconds a PPO step, and the variant's gold less the demo's PPO's (paired over the same
-    replies, ± s.e.); then per variant the means over seeds ± s.e., with the paired t-test's p across seeds and
-    the seeds the variant led in, and the same for the variant's gain less the DPO gain of the demo runs
-    ``demo_runs`` (each seed's own DPO, from the same SFT model and labels)."""
+    """PPO's value function on the pretrained demo: ``critic_table`` of every run of bench/ppo_critic.py's file,
+    with each variant's gain less the DPO gain of the demo runs ``demo_runs`` (each seed's own DPO, from the same
+    SFT model and labels)."""
     runs = every_run(benchmark)
     demo_list = [Run("demo", *w) for w in demo_runs]
     dpo = {int(seed): got for seed, got in seeds_of(demo_list)}
+    return [*critic_table([run.data for run in runs], dpo), "", sources(*runs, *demo_list)]
+
+
+def critic_table(runs: list[dict], dpo: dict[int, dict] | None = None) -> list[str]:
+    """bench/ppo_critic.py's runs: per seed and variant, the demo's own PPO (a separate value model started from
+    the reward model) and the variant run again from the same SFT model, reward model and settings, both evaluated
+    as the demo evaluates: gold gained over SFT, KL to SFT, median seconds a PPO step, and the variant's gold less
+    the demo's PPO's (paired over the same replies, ± s.e.); then per variant the means over seeds ± s.e. with
+    ``across_seeds``'s test, and with ``dpo`` (demo summaries by seed) the same for the variant's gain less DPO's."""
     by_variant: dict[str, dict[int, tuple[dict, dict]]] = {}
     demo: dict[int, dict] = {}  # per seed, what any run recorded of the demo's own PPO
     for run in runs:
@@ -491,10 +501,9 @@ def ppo_critic(benchmark: str = "ppo_critic", demo_runs: list[tuple[str, str]] =
                     pm((x["minus_demo_ppo"]["mean"], x["minus_demo_ppo"]["se"]), sign="+"),
                 ]
             )
-        lead = f"{p_text(t_test_p(diffs))}, ahead in {sum(d > 0 for d in diffs)} of {len(diffs)}"
         mean = ["mean", f"{len(diffs)} seeds", pm(mean_se(demo_gains), sign="+"), "", ""]
-        rows.append([*mean, pm(mean_se(gains), sign="+"), "", "", f"{pm(mean_se(diffs), sign='+')} ({lead})"])
-        over_dpo = [x["gain"]["mean"] - gain(dpo[seed], "dpo")[0] for seed, (_, x) in by_variant[variant].items()]
-        lead = f"{p_text(t_test_p(over_dpo))}, ahead in {sum(d > 0 for d in over_dpo)} of {len(over_dpo)}"
-        rows.append(["− the demo's DPO", "", *[""] * 6, f"{pm(mean_se(over_dpo), sign='+')} ({lead})"])
-    return [*table(header, rows), "", sources(*runs, *demo_list)]
+        rows.append([*mean, pm(mean_se(gains), sign="+"), "", "", across_seeds(diffs)])
+        if dpo is not None:
+            over_dpo = [x["gain"]["mean"] - gain(dpo[seed], "dpo")[0] for seed, (_, x) in by_variant[variant].items()]
+            rows.append(["− the demo's DPO", "", *[""] * 6, across_seeds(over_dpo)])
+    return table(header, rows)

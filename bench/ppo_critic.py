@@ -25,10 +25,9 @@ from pathlib import Path
 import results_file
 import torch
 from common import BENCH, Results, check, log, rlhfkit_cmd, run_measured
+from demo_tables import critic_table
 from dpo_beta import evaluated, paired
-from iterate_tables import t_test_p
 from stamp import Stamp, summary
-from table_parts import mean_se
 
 
 def variant_command(demo: Path, variant: str, out: Path, threads: int) -> list[str]:
@@ -88,30 +87,7 @@ def one_seed(args, demo: Path, results: Results) -> None:
 
 
 def print_table(run: dict) -> None:
-    seeds = run.get("seeds", {})
-    variants = sorted({v for got in seeds.values() for v in got.get("variants", {})})
-    print("| seed | demo's PPO: gold gain | " + " | ".join(f"{v}: gain | {v} − demo's PPO" for v in variants) + " |")
-    print("|---|---|" + "---|---|" * len(variants))
-    diffs: dict[str, list[float]] = {v: [] for v in variants}
-    for seed, got in sorted(seeds.items(), key=lambda kv: int(kv[0])):
-        cells = [f"{got['gold/ppo'] - got['gold/sft']:+.2f}"]
-        for v in variants:
-            x = got["variants"].get(v)
-            if x is None:
-                cells += ["", ""]
-                continue
-            diffs[v].append(x["minus_demo_ppo"]["mean"])
-            cells.append(f"{x['gain']['mean']:+.2f} ± {x['gain']['se']:.2f}")
-            cells.append(f"{x['minus_demo_ppo']['mean']:+.2f} ± {x['minus_demo_ppo']['se']:.2f}")
-        print(f"| {seed} | " + " | ".join(cells) + " |")
-    for v, d in diffs.items():
-        if len(d) >= 2:
-            m, se = mean_se(d)
-            p = t_test_p(d)
-            tested = "" if p is None else f", p = {p:.3f}"
-            print(
-                f"{v} − demo's PPO over {len(d)} seeds: {m:+.3f} ± {se:.3f}{tested}, {sum(x > 0 for x in d)}/{len(d)} above"
-            )
+    print("\n".join(critic_table([run])))
     print(summary(run.get("stamp")))
 
 

@@ -3,7 +3,8 @@
 
 Every stage runs its command on a config built from the plan's options (``rlhfkit.demo.plan``). The gold judge
 of the task is used only to evaluate, never to train. With a core to spare, two stages run at once: iterated PPO in
-a child process beside the reward model, PPO and DPO, then the beta = 0 run in a child process beside online DPO.
+a child process beside the reward model, PPO and DPO, then the beta = 0 run in a child process beside online DPO;
+SFT and the evaluation, which run alone, then take both stages' threads.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.tasks import get_judge
 from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
+from rlhfkit.training.runtime import cpu_threads
 
 EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
 
@@ -123,8 +125,14 @@ def run(cfg: DemoConfig) -> dict:
     # every stage's seed and progress bar; what a stopped run left in a stage's folder is replaced (a --resume
     # continues iterated PPO at its round instead)
     common = {"seed": cfg.seed, "progress": cfg.progress, "overwrite_output_dir": True}
+    # With a core to spare (each stage on cfg.threads threads) two stages run at once, one of them in a child
+    # process: iterated PPO, the longest stage, which needs only the SFT model (it trains its own reward models),
+    # beside the reward model, PPO and DPO; then the ablation, which needs the reward model, beside online DPO.
+    # The stages that run alone, SFT and the evaluation, take both stages' threads.
+    spare = bool(cfg.threads) and 2 * cfg.threads <= (os.cpu_count() or 1)
+    alone = 2 * cfg.threads if spare else cfg.threads
     sft = {"model": base, "data": data["sft"], "eval_data": data["sft_eval"], "output_dir": f"{out}/sft"}
-    stages.run("SFT", lambda: run_stage("sft", {**sft, **settings["sft"], **common}))
+    stages.run("SFT", lambda: run_stage("sft", {**sft, **settings["sft"], **common, "threads": alone}))
     rm = {
         "model": f"{out}/sft",
         "data": data["prefs_train"],
@@ -149,11 +157,6 @@ def run(cfg: DemoConfig) -> dict:
         "log_ref_kl": True,
         "max_steps": run_plan.no_kl_steps,
     }
-    # With a core to spare (each stage on cfg.threads threads) two stages run at once, one of them in a child
-    # process: iterated PPO, the longest stage, which needs only the SFT model (it trains its own reward models),
-    # beside the reward model, PPO and DPO; then the ablation, which needs the reward model, beside online DPO.
-    # A seed gives the same numbers either way.
-    spare = bool(cfg.threads) and 2 * cfg.threads <= (os.cpu_count() or 1)
     # a --resume continues iterated PPO and online DPO at their first unfinished round
     loop_common = {**common, "overwrite_output_dir": not cfg.resume, "resume": cfg.resume}
     iterated = loop_options(out, data, settings["iterate"], run_plan, loop_common, "iterated")
@@ -225,7 +228,11 @@ def run(cfg: DemoConfig) -> dict:
             results[name] = {"metrics": metrics, "samples": rows}
         return results
 
-    results = stages.run("evaluation on held-out prompts", evaluate_all, keep=False)
+    def evaluate_alone():
+        with cpu_threads(alone):
+            return evaluate_all()
+
+    results = stages.run("evaluation on held-out prompts", evaluate_alone, keep=False)
     ceiling = label_noise_ceiling(read_jsonl(data["prefs_eval"]))
     summary = write_report(
         out,

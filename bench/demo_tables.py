@@ -155,9 +155,12 @@ def after(r: dict) -> str:
 
 
 # The built-in tiny model's runs (`bench/demo_seeds.py --threads 1`, the demo's default), every row of the demo.
-TINY_RUNS = [(XEON_AMX, "cae858a7075c --seeds 0,1,2,3,4 --threads 1")]
-# The same seeds on earlier code, the stages in another order (beta = 0 beside PPO and DPO, online DPO beside
-# iterated PPO).
+TINY_RUNS = [(XEON_AMX, "c167025e2dce --seeds 0,1,2,3,4 --threads 1")]
+# The same seeds before SFT and the evaluation took both cores (SFT on one thread: other weights, so other
+# numbers throughout); bench/dpo_beta.py --gold read these runs' demo folders.
+TINY_RUNS_ONE_THREAD = [(XEON_AMX, "cae858a7075c --seeds 0,1,2,3,4 --threads 1")]
+# The same seeds on earlier code still, the stages in another order (beta = 0 beside PPO and DPO, online DPO
+# beside iterated PPO): the same numbers as TINY_RUNS_ONE_THREAD.
 TINY_RUNS_BEFORE = [(XEON_AMX, "b0b078c263dc --seeds 0,1,2,3,4 --threads 1")]
 # The same plan with DPO's and online DPO's beta at 0.1, before it was chosen on held-out pairs.
 TINY_BETA_01_RUNS = [(AVX512_RECORDED, "d0fc6e7e93a6 --seeds 0,1 --threads 1")]
@@ -245,10 +248,12 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
 def demo_tiny_again(
     before: list[tuple[str, str]] = TINY_RUNS_BEFORE, now: list[tuple[str, str]] | None = None
 ) -> list[str]:
-    """The same seeds run twice (``before``, then ``now``: TINY_RUNS by default): per seed the whole demo's minutes
+    """The same seeds run twice (``before``, then ``now``: TINY_RUNS_ONE_THREAD by default): per seed the whole demo's minutes
     in each, whether every gold, reward-model and accuracy number of the two summaries is equal, and the largest
     difference between their KLs to SFT."""
-    first, again = ([Run("demo", *w) for w in where] for where in (before, TINY_RUNS if now is None else now))
+    first, again = (
+        [Run("demo", *w) for w in where] for where in (before, TINY_RUNS_ONE_THREAD if now is None else now)
+    )
     a, b = dict(seeds_of(first)), dict(seeds_of(again))
     rows = []
     for seed in sorted(set(a) & set(b), key=int):
@@ -332,16 +337,16 @@ def dpo_beta(machine: str | None = None, model: str = "") -> list[str]:
     return [*table(header, rows), "", sources(*runs)]
 
 
-# bench/dpo_beta.py --gold on the seeds of TINY_RUNS (their demo folders), read after beta was fixed.
+# bench/dpo_beta.py --gold on the seeds of TINY_RUNS_ONE_THREAD (their demo folders), read after beta was fixed.
 BETA_GOLD_MACHINE = XEON_AMX
-TINY_DPO_BETA = 3.0  # the beta of DPO in the plan that made TINY_RUNS (rlhfkit/demo/plan.py)
+TINY_DPO_BETA = 3.0  # the beta of DPO in the plan that made TINY_RUNS_ONE_THREAD (rlhfkit/demo/plan.py)
 
 
 def dpo_beta_gold(machine: str | None = None) -> list[str]:
     """Per beta, over the seeds of the demo runs (mean ± its standard error): DPO's held-out preference accuracy
     and held-out loss (what beta is chosen on), its gold gain over SFT, PPO's lead over it (the paired t-test's p
     across seeds, the seeds PPO led in) and its KL to SFT: the runs of bench/dpo_beta.py --gold on the demo's SFT
-    models, and for a beta they lack, the demo's own DPO from TINY_RUNS (gold only)."""
+    models, and for a beta they lack, the demo's own DPO from TINY_RUNS_ONE_THREAD (gold only)."""
     machine = BETA_GOLD_MACHINE if machine is None else machine
     data = load("dpo_beta")["machines"].get(machine, {})
     runs = [Run("dpo_beta", machine, key) for key, run in data.items() if run.get("gold")]
@@ -357,7 +362,7 @@ def dpo_beta_gold(machine: str | None = None) -> list[str]:
                 "lead": g["ppo_minus_dpo"]["mean"],
                 "kl": g["kl"],
             }
-    demo = [] if TINY_DPO_BETA in got else [Run("demo", *w) for w in TINY_RUNS]
+    demo = [] if TINY_DPO_BETA in got else [Run("demo", *w) for w in TINY_RUNS_ONE_THREAD]
     for seed, summary in seeds_of(demo):
         got.setdefault(TINY_DPO_BETA, {})[int(seed)] = {
             "gain": gain(summary, "dpo")[0],

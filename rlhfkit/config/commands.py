@@ -255,9 +255,9 @@ class DemoConfig:
     progress: bool = True
     """Show progress bars of the stages."""
     threads: int = 1
-    """torch CPU threads of every stage; a tiny model runs fastest on one (more threads only add
-    synchronisation); 0: torch's default, one per core. With a core to spare (at least twice these threads)
-    the support task runs two stages at once, one in a child process."""
+    """torch CPU threads of each stage; 0: torch's default, one per core. With a core to spare (at least twice
+    these threads) the support task runs two stages at once, one in a child process, and the stages that run
+    alone (SFT, the evaluation) take both stages' threads."""
     accel: Literal["auto", "off"] = options.accel()
 
     def check(self) -> None:

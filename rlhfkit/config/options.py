@@ -82,5 +82,5 @@ def threads(default: int = 0) -> Any:
     return option(
         default,
         "torch CPU threads for the command's work (torch.set_num_threads, and the inter-op pool where it can "
-        "still be set); 0: torch's default, one per core. A tiny model runs fastest on one.",
+        "still be set); 0: torch's default, one per core.",
     )

@@ -4,7 +4,8 @@
 Every stage runs its command on a config built from the plan's options (``rlhfkit.demo.plan``). The gold judge
 of the task is used only to evaluate, never to train. With a core to spare, two stages run at once: iterated PPO in
 a child process beside the reward model, PPO and DPO, then the beta = 0 run in a child process beside online DPO;
-SFT and the evaluation, which run alone, then take both stages' threads.
+the stages that then run alone (SFT, the evaluation, and online DPO without the beta = 0 run) take both stages'
+threads.
 """
 
 from __future__ import annotations
@@ -111,6 +112,18 @@ def check_disk(out: Path, needed: int) -> None:
         )
 
 
+def schedule_threads(threads: int, ablation: bool, cores: int) -> tuple[bool, int, int]:
+    """(whether a core is to spare, the threads of a stage that runs alone, online DPO's threads) for stages of
+    ``threads`` threads each (0: torch's default, all cores) on ``cores`` cores. With a core to spare (at least
+    twice the threads) two stages run at once, one of them in a child process: iterated PPO, the longest stage,
+    which needs only the SFT model (it trains its own reward models), beside the reward model, PPO and DPO; then
+    the beta = 0 run, which needs the reward model, beside online DPO. The stages that then run alone (SFT, the
+    evaluation, and online DPO when the beta = 0 run is off) take both stages' threads."""
+    spare = bool(threads) and 2 * threads <= cores
+    alone = 2 * threads if spare else threads
+    return spare, alone, threads if ablation and spare else alone
+
+
 def run(cfg: DemoConfig) -> dict:
     start = time.perf_counter()
     run_plan = plan(cfg.quick, cfg.model)
@@ -125,12 +138,7 @@ def run(cfg: DemoConfig) -> dict:
     # every stage's seed and progress bar; what a stopped run left in a stage's folder is replaced (a --resume
     # continues iterated PPO at its round instead)
     common = {"seed": cfg.seed, "progress": cfg.progress, "overwrite_output_dir": True}
-    # With a core to spare (each stage on cfg.threads threads) two stages run at once, one of them in a child
-    # process: iterated PPO, the longest stage, which needs only the SFT model (it trains its own reward models),
-    # beside the reward model, PPO and DPO; then the ablation, which needs the reward model, beside online DPO.
-    # The stages that run alone, SFT and the evaluation, take both stages' threads.
-    spare = bool(cfg.threads) and 2 * cfg.threads <= (os.cpu_count() or 1)
-    alone = 2 * cfg.threads if spare else cfg.threads
+    spare, alone, online_threads = schedule_threads(cfg.threads, ablation, os.cpu_count() or 1)
     sft = {"model": base, "data": data["sft"], "eval_data": data["sft_eval"], "output_dir": f"{out}/sft"}
     stages.run("SFT", lambda: run_stage("sft", {**sft, **settings["sft"], **common, "threads": alone}))
     rm = {
@@ -193,7 +201,7 @@ def run(cfg: DemoConfig) -> dict:
             in_child(no_kl_name, "ppo", no_kl, "ppo_no_kl.log")
         stages.run(
             online_name,
-            lambda: run_stage("iterate", online),
+            lambda: run_stage("iterate", {**online, "threads": online_threads}),
             done_before=seconds_done(out / "online_dpo") if cfg.resume else 0.0,
         )
     except BaseException:

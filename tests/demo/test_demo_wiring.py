@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from rlhfkit.cli.main import main
@@ -32,10 +33,23 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     from rlhfkit.demo import support
     from rlhfkit.demo.report import QUICK_RUN
 
-    # a core to spare: iterated PPO, then beta = 0, run in a child process beside the others
+    # a core to spare: iterated PPO, then beta = 0, run in a child process beside the others; SFT and the
+    # evaluation, which run alone, on both stages' threads
     monkeypatch.setattr(support.os, "cpu_count", lambda: 2)
+    evaluated_on = []
+
+    def evaluate_policy(*args, **kwargs):
+        evaluated_on.append(torch.get_num_threads())
+        return evaluate(*args, **kwargs)
+
+    evaluate = support.evaluate_policy
+    monkeypatch.setattr(support, "evaluate_policy", evaluate_policy)
     out = tmp_path / "demo"
     assert main(["demo", "--output-dir", str(out), "--quick", "--progress", "false"]) == 0
+    assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["threads"] == 2
+    assert yaml.safe_load((out / "rm" / "config.yaml").read_text())["threads"] == 0  # the demo's own: 1
+    assert evaluated_on == [2] * 6  # sft, ppo, ppo_no_kl, dpo, iterated, online_dpo
+    assert yaml.safe_load((out / "online_dpo" / "config.yaml").read_text())["threads"] == 1  # beside beta = 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["quick"] is True
     for key in KEYS:
@@ -367,6 +381,18 @@ def test_a_stage_beside_the_others_is_timed_to_its_own_exit(tmp_path, capsys):
     assert stages.earlier_seconds == 100.0
 
 
+def test_stages_that_run_alone_take_the_threads_of_two():
+    from rlhfkit.demo.support import schedule_threads
+
+    # (a core to spare, a stage alone, online DPO): one thread a stage on two cores, the beta = 0 run on or off
+    assert schedule_threads(1, True, 2) == (True, 2, 1)
+    assert schedule_threads(1, False, 2) == (True, 2, 2)
+    # no core to spare: every stage on the threads asked for
+    assert schedule_threads(1, True, 1) == (False, 1, 1)
+    assert schedule_threads(2, False, 2) == (False, 2, 2)
+    assert schedule_threads(0, False, 8) == (False, 0, 0)  # torch's default: every core already
+
+
 def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
     from rlhfkit.demo import plan, support
     from rlhfkit.models import loading
@@ -388,7 +414,8 @@ def test_quick_demo_on_a_given_model_skips_init_model_and_starts_from_it(tiny_mo
     assert loading.adapter_base(str(out / "online_dpo" / "final")) == sft
     assert summary["model"] == str(tiny_model_dir)
     assert "init-model" not in summary["stage_seconds"] and not (out / "base").exists()
-    assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["model"] == str(tiny_model_dir)
+    sft_config = yaml.safe_load((out / "sft" / "config.yaml").read_text())
+    assert sft_config["model"] == str(tiny_model_dir) and sft_config["threads"] == 1  # no core to spare
     # iterated PPO runs on a given model too, continuing from its SFT stage
     assert "iterated PPO" in summary["stage_seconds"] and "gold/iterated" in summary
     assert yaml.safe_load((out / "iterated" / "config.yaml").read_text())["model"] == str(out / "sft")

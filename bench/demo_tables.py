@@ -32,6 +32,15 @@ SMOLLM2_PLAN_RERUNS = [
         (XEON_AMX, "67b6c3ccb1a4 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
     ),
 ]
+# Seed 0 of the plan on one thread a stage (--threads 1: two stages at once, the stages alone on both cores)
+# against its rerun on two (--threads 2, every stage alone): (seed, --threads 2, --threads 1).
+SMOLLM2_THREADS_RUNS = [
+    (
+        "0",
+        (XEON_AMX, "67b6c3ccb1a4 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
+        (XEON_AMX, "983135fa7337 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0 --threads 1"),
+    ),
+]
 # LoRA on every stage with 1200 labels, 30 PPO steps and 3 rounds; its stages ran from the code of commit e8080e4
 # and its evaluation from 42b2fce (the demo's --resume):
 SMOLLM2_LORA_RUNS = [(XEON_AMX, "42b2fcea3a92 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0")]
@@ -274,16 +283,20 @@ def code_of(run: Run, got: dict) -> str:
     return "; ".join(codes) or f"git {run.key.split()[0]}"
 
 
-def demo_rerun(reruns: list[tuple[str, tuple[str, str], tuple[str, str]]] = SMOLLM2_PLAN_RERUNS) -> list[str]:
-    """Seeds run twice (``reruns``: seed, the first run, the rerun): per seed each stage's seconds in both runs
-    and the difference, the whole demo's minutes, and each policy's gold gain over SFT in both (the same models
-    give the same numbers)."""
+def demo_rerun(
+    reruns: list[tuple[str, tuple[str, str], tuple[str, str]]] = SMOLLM2_PLAN_RERUNS,
+    labels: tuple[str, str] = ("first run", "again"),
+) -> list[str]:
+    """Seeds run twice (``reruns``: seed, the first run, the rerun; ``labels`` name the two): per seed each
+    stage's seconds in both runs and the difference, the whole demo's minutes, and each policy's gold gain over
+    SFT in both (the same models give the same numbers)."""
     header, rows, runs = ["stage"], {}, []
     for seed, *where in reruns:
         first, again = (Run("demo", *w) for w in where)
         runs += [first, again]
         a, b = first["seeds"][seed], again["seeds"][seed]
-        header += [f"seed {seed}: first run ({code_of(first, a)})", f"again ({code_of(again, b)})", "difference"]
+        header += [f"seed {seed}: {labels[0]} ({code_of(first, a)})", f"{labels[1]} ({code_of(again, b)})"]
+        header.append("difference")
         for name in a["stage_seconds"]:
             x, y = a["stage_seconds"][name], b["stage_seconds"][name]
             rows.setdefault(name, []).extend([f"{x:.0f}", f"{y:.0f}", f"{y - x:+.0f}"])

@@ -28,6 +28,7 @@ from pathlib import Path
 from demo_tables import (
     SMOLLM2_LORA_RUNS,
     SMOLLM2_PLAN_RUNS,
+    SMOLLM2_THREADS_RUNS,
     TINY_BETA_01_RUNS,
     adapter_load,
     demo_rerun,
@@ -513,6 +514,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_smol_stage_times": lambda: demo_stage_times(SMOLLM2_PLAN_RUNS),
     "demo_smol_rounds": lambda: demo_rounds(SMOLLM2_PLAN_RUNS),
     "demo_smol_rerun": demo_rerun,
+    "demo_smol_threads": lambda: demo_rerun(SMOLLM2_THREADS_RUNS, ("--threads 2", "--threads 1")),
     "demo_smol_lora": lambda: demo_tiny(SMOLLM2_LORA_RUNS, kl=True),
     "demo_smol_lora_stage_times": lambda: demo_stage_times(SMOLLM2_LORA_RUNS),
     "demo_smol_lora_rounds": lambda: demo_rounds(SMOLLM2_LORA_RUNS),

@@ -257,9 +257,9 @@ def demo_stage_times(where: list[tuple[str, str]] | None = None) -> list[str]:
 def demo_tiny_again(
     before: list[tuple[str, str]] = TINY_RUNS_BEFORE, now: list[tuple[str, str]] | None = None
 ) -> list[str]:
-    """The same seeds run twice (``before``, then ``now``: TINY_RUNS_ONE_THREAD by default): per seed the whole demo's minutes
-    in each, whether every gold, reward-model and accuracy number of the two summaries is equal, and the largest
-    difference between their KLs to SFT."""
+    """The same seeds run twice (``before``, then ``now``: TINY_RUNS_ONE_THREAD by default): per seed the whole
+    demo's minutes in each, whether every gold, reward-model and accuracy number of the two summaries is equal,
+    and the largest difference between their KLs to SFT."""
     first, again = (
         [Run("demo", *w) for w in where] for where in (before, TINY_RUNS_ONE_THREAD if now is None else now)
     )

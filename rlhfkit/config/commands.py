@@ -257,7 +257,7 @@ class DemoConfig:
     threads: int = 1
     """torch CPU threads of each stage; 0: torch's default, one per core. With a core to spare (at least twice
     these threads) the support task runs two stages at once, one in a child process, and the stages that run
-    alone (SFT, the evaluation) take both stages' threads."""
+    alone (SFT, the evaluation, online DPO when the beta = 0 run is off) take both stages' threads."""
     accel: Literal["auto", "off"] = options.accel()
 
     def check(self) -> None:

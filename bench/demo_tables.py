@@ -32,13 +32,19 @@ SMOLLM2_PLAN_RERUNS = [
         (XEON_AMX, "67b6c3ccb1a4 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
     ),
 ]
-# Seed 0 of the plan on one thread a stage (--threads 1: two stages at once, the stages alone on both cores)
-# against its rerun on two (--threads 2, every stage alone): (seed, --threads 2, --threads 1).
+# Seeds of the plan on one thread a stage (--threads 1: two stages at once, the stages alone on both cores)
+# against their reruns on two (--threads 2, every stage alone): (seed, --threads 2, --threads 1). Seed 4's
+# --threads 2 run predates the evaluation's KL from the sampler's log-probs.
 SMOLLM2_THREADS_RUNS = [
     (
         "0",
         (XEON_AMX, "67b6c3ccb1a4 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0"),
         (XEON_AMX, "983135fa7337 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 0 --threads 1"),
+    ),
+    (
+        "4",
+        (XEON_AMX, "d1889e4afd45 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4"),
+        (XEON_AMX, "b8529998b118 --model SmolLM2-135M-Instruct.Q4_1.gguf --seeds 4 --threads 1"),
     ),
 ]
 # LoRA on every stage with 1200 labels, 30 PPO steps and 3 rounds; its stages ran from the code of commit e8080e4

@@ -84,7 +84,7 @@ class VLLMEngine:
     @classmethod
     def start(
         cls,
-        model_dir: str,
+        model_dir: str | os.PathLike,
         stops: list[int],
         args,
         *,
@@ -110,7 +110,7 @@ class VLLMEngine:
         sleeps = gpu and args.vllm_sleep
         with _visible_gpu(device if gpu and not in_process else None):
             llm = LLM(
-                model=model_dir,
+                model=os.fspath(model_dir),  # vLLM reads the name as a string (a Path fails in its s3 check)
                 skip_tokenizer_init=True,  # prompts come as ids, responses go back as ids
                 dtype=str(dtype).removeprefix("torch."),
                 seed=seed,

@@ -111,7 +111,7 @@ def start_engine(cfg: OnlineConfig, policy, tokenizer, session) -> VLLMEngine:
     # single-turn: the longest prompt plus a reply; conversations: the model's own limit
     max_len = None if cfg.multi_turn else cfg.data.max_prompt_length + cfg.generation.max_new_tokens
     return VLLMEngine.start(
-        config_folder(cfg.model.model),  # the architecture; the weights come from the policy before a sample
+        str(config_folder(cfg.model.model)),  # the architecture; the weights come from the policy before a sample
         stop_token_ids(policy, tokenizer),
         cfg.vllm,
         dtype=dtype,

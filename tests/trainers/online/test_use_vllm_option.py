@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
+import sys
+import types
 
 import pytest
 
@@ -105,3 +108,39 @@ def test_the_engine_samples_each_step_its_logprobs_reach_the_log_and_it_hears_of
     assert engine_logprobs and all(
         lp is not None and set(lp.unique().tolist()) <= {-1.0, 0.0} for lp in engine_logprobs
     )
+
+
+class Stop(Exception):
+    """Raised by the fake engine once it has checked its arguments: the run goes no further."""
+
+
+def fake_vllm(seen: dict) -> types.ModuleType:
+    """A ``vllm`` module whose ``LLM`` checks its arguments as vLLM's engine arguments take them: plain strings,
+    numbers, booleans or None (vLLM calls string methods on ``model``: a ``Path`` fails inside it)."""
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            wrong = {k: type(v).__name__ for k, v in kwargs.items() if not isinstance(v, (str, int, float, type(None)))}
+            assert not wrong, f"vllm.LLM given arguments of types it does not take: {wrong}"
+            kwargs["model"].lower()
+            raise Stop
+
+    module = types.ModuleType("vllm")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    module.LLM = LLM
+    return module
+
+
+def test_the_engine_gets_the_model_folder_as_a_string(tiny_model_dir, tmp_path, monkeypatch):
+    seen: dict = {}
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm(seen))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "the cat"}\n' * 4)
+    with pytest.raises(Stop):
+        rlhfkit.grpo(
+            model=str(tiny_model_dir), data=str(prompts), output_dir=tmp_path / "out",
+            reward_fns=[lambda prompts, completions, **kw: [0.0] * len(prompts)],
+            batch_size=4, num_generations=2, max_new_tokens=4, max_steps=1, progress=False, use_vllm=True,
+        )  # fmt: skip
+    assert seen["model"] == str(tiny_model_dir) and seen["skip_tokenizer_init"] is True

@@ -192,6 +192,15 @@ class EvalArgs:
     """Name of a built-in task judge (e.g. 'support') to report the gold score (optional)."""
     num_prompts: int = 0
     """Evaluate on the first N prompts only (0: all)."""
+    samples_per_prompt: int = 1
+    """Replies sampled per prompt. With 2 or more, and both --reward-model and --gold-judge, the output adds the
+    reward model's agreement with the judge on pairs of the policy's own replies, and best-of-N headroom (N
+    these samples): the judge's score of the reply the reward model picks, of the judge's own pick and of a
+    random one."""
+    pairs: str = ""
+    """Held-out preference pairs (prompt, chosen, rejected) to measure the reward model on (with
+    --reward-model): its accuracy on their labels and, with --gold-judge, its agreement with the judge's ranking
+    of each pair and the judge's own accuracy on the labels."""
 
 
 @dataclass
@@ -205,6 +214,9 @@ class EvalConfig:
     def check(self) -> None:
         _check_sampling(self.io, self.generation)
         at_least(0, num_prompts=self.eval.num_prompts)
+        at_least(1, samples_per_prompt=self.eval.samples_per_prompt)
+        if self.eval.pairs and not self.eval.reward_model:
+            raise UserError(f"{option('pairs')} measures a reward model: give {option('reward_model')} too")
 
 
 @dataclass

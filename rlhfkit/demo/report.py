@@ -8,6 +8,7 @@ import os
 import statistics
 from pathlib import Path
 
+from rlhfkit.inference.diagnostics import overoptimisation_curve
 from rlhfkit.tasks.support.prompts import customer_message
 
 MODELS = {
@@ -96,7 +97,85 @@ def plot(out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "proxy_vs_gold.png", dpi=110)
     plt.close(fig)
-    return ["ppo_curves.png", "proxy_vs_gold.png"]
+
+    # the over-optimisation curve: both scores against the KL the policy has moved from the SFT model
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    curves = {name: overoptimisation_curve(rows) for name, rows in runs.items()}
+    for ax, key, title in zip(axes, ("score", "gold"), ("reward-model score", "gold judge (held-out prompts)")):
+        for name, curve in curves.items():
+            points = [(r["kl"], r[key]) for r in curve if r["kl"] is not None and r[key] is not None]
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=MODELS[name])
+        ax.set_title(title)
+        ax.set_xlabel("KL to SFT (nats)")
+        if curves:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "scores_against_kl.png", dpi=110)
+    plt.close(fig)
+    return ["ppo_curves.png", "proxy_vs_gold.png", "scores_against_kl.png"]
+
+
+def _share(value) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.0%}"
+
+
+def _gold(value) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def diagnostics_section(diagnostics: dict, models: dict[str, str]) -> list[str]:
+    """The report's section on how far the reward model carries, from ``diagnostics`` ({"held_out": the
+    reward model on the held-out pairs (``pair_agreement``), "policies": {name: ``sample_diagnostics`` of the
+    policy's own replies}}); empty without them."""
+    held, policies = diagnostics.get("held_out") or {}, diagnostics.get("policies") or {}
+    if not held and not policies:
+        return []
+    lines = [
+        "## How far the reward model carries",
+        "",
+        "RL can only climb what the reward model sees. These numbers set it against the gold judge on the "
+        "held-out pairs and on pairs of each policy's own replies (its samples of the same prompt), where the "
+        "judge's ranking is what RL should follow.",
+        "",
+    ]
+    if held:
+        lines += [
+            f"- Held-out pairs: the reward model agrees with the labels on {_share(held.get('rm/pairs_accuracy'))} "
+            f"(the judge itself on {_share(held.get('judge/pairs_accuracy'))}: the labels' noise ceiling), and with "
+            f"the judge's ranking on {_share(held.get('rm_judge/pairs_agreement'))} of the pairs the judge ranks.",
+        ]
+    rows = [(n, policies[n]) for n in models if policies.get(n)]
+    if rows:
+        lines += [
+            "",
+            "| policy | RM agrees with the judge on its own pairs | pairs |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {models[n]} | {_share(d.get('rm_judge/on_policy_agreement'))} "
+            f"| {int(d.get('rm_judge/on_policy_pairs', 0))} |"
+            for n, d in rows
+        ]
+    sft = policies.get("sft") or {}
+    if sft.get("best_of_n/n"):
+        captured = sft.get("best_of_n/captured")
+        lines += [
+            "",
+            f"Best-of-{int(sft['best_of_n/n'])} on the SFT model ({int(sft['best_of_n/prompts'])} held-out prompts): "
+            f"a random reply scores {_gold(sft['best_of_n/random'])} gold, the reply the reward model picks "
+            f"{_gold(sft['best_of_n/rm_pick'])}, the judge's own pick {_gold(sft['best_of_n/judge_pick'])}. The "
+            f"reward model's choice takes **{_share(captured)}** of the gain the judge can reach by choosing "
+            "among the same replies: the share of the headroom that optimising this reward model can capture.",
+        ]
+    lines += [
+        "",
+        "![scores against KL](scores_against_kl.png)",
+        "",
+        "Both scores against the KL each PPO run has moved from the SFT model, at the steps that logged the gold "
+        "judge: a reward model that is over-optimised keeps rising while the gold score levels off or falls.",
+        "",
+    ]
+    return lines
 
 
 def gold_standard_error(samples: list[dict]) -> float:
@@ -295,11 +374,13 @@ def write_report(
     plan=None,
     model: str = "",
     seed: int | None = None,
+    diagnostics: dict | None = None,
 ) -> dict:
     """``stages``: the stage runner, with ``seconds`` and ``load`` (1-minute load average) per stage. ``quick``:
     the stages ran a few steps (``--quick``); the report then says so first and draws no conclusions. ``plan``:
     the stages' settings (``rlhfkit.demo.plan.Plan``), listed at the end; ``model``: the pretrained model the run
-    started from (empty: the built-in one); ``seed``: the run's seed, kept in summary.json."""
+    started from (empty: the built-in one); ``seed``: the run's seed, kept in summary.json; ``diagnostics``: the
+    reward model against the judge (``diagnostics_section``), kept in summary.json as ``diagnostics``."""
     stage_seconds = stages.seconds
     rm_rows = [r for r in _metrics(out / "rm") if r.get("eval/accuracy") is not None]
     rm_acc = rm_rows[-1]["eval/accuracy"] if rm_rows else float("nan")
@@ -332,6 +413,7 @@ def write_report(
             "stage_code": dict(getattr(stages, "code", {})),
             # the stages that ran in a child process beside the others: {stage: the stages run meanwhile}
             "stage_beside": dict(getattr(stages, "beside", {})),
+            "diagnostics": diagnostics or {},
         }
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -370,6 +452,7 @@ def write_report(
         "(the accuracy of the raters' own rule, the gold judge, on the same noisy labels).",
         "",
         *_iterated_table(iterated),
+        *diagnostics_section(diagnostics or {}, models),
         "## Over-optimisation" if "ppo_no_kl" in m else "## PPO during training",
         "",
         "![PPO curves](ppo_curves.png)",

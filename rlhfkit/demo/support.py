@@ -24,7 +24,7 @@ from rlhfkit.demo.report import write_report
 from rlhfkit.demo.stages import announce_report, begin, run_stage, stage_config
 from rlhfkit.errors import UserError, option
 from rlhfkit.files import read_jsonl, write_jsonl
-from rlhfkit.inference.evaluate import evaluate_policy
+from rlhfkit.inference.evaluate import evaluate_policy, pair_agreement, sample_diagnostics
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.reward import RewardScorer
 from rlhfkit.tasks import get_judge
@@ -211,6 +211,8 @@ def run(cfg: DemoConfig) -> dict:
         raise
     wait_for_children()
 
+    diagnostics: dict = {}
+
     def evaluate_all():
         prompts = [ex.prompt for ex in load_examples(data["prompts_eval"], "prompt", "rlhfkit demo")]
         prompts = prompts * run_plan.eval_samples  # the list repeated: samples 0..99 differ
@@ -234,6 +236,13 @@ def run(cfg: DemoConfig) -> dict:
             )
             metrics.update(product_naming_shares([r["prompt"] for r in rows], [r["response"] for r in rows]))
             results[name] = {"metrics": metrics, "samples": rows}
+        # how far the reward model carries: against the judge on the held-out pairs, and on each policy's own
+        # replies (its samples of a prompt paired); best-of-N on the SFT model is the headroom RL starts from
+        held_out = pair_agreement(
+            scorer, get_judge("support"), load_tokenizer(str(out / "sft")), read_jsonl(data["prefs_eval"])
+        )
+        on_policy = {name: sample_diagnostics(r["samples"]) for name, r in results.items()}
+        diagnostics.update({"held_out": held_out, "policies": on_policy})
         return results
 
     def evaluate_alone():
@@ -252,6 +261,7 @@ def run(cfg: DemoConfig) -> dict:
         run_plan,
         cfg.model,
         cfg.seed,
+        diagnostics=diagnostics,
     )
     announce_report(out)
     return summary

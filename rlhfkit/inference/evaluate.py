@@ -24,6 +24,7 @@ from rlhfkit.data.schema import load_examples
 from rlhfkit.data.templates import render_prompt
 from rlhfkit.data.text_stats import text_stats
 from rlhfkit.errors import UserError, option
+from rlhfkit.inference.diagnostics import agreement, best_of_n, on_policy_agreement
 from rlhfkit.models.forward import response_logprobs
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, position_limit
 from rlhfkit.models.reward import RewardScorer
@@ -123,6 +124,56 @@ def evaluate_policy(
     return summarize(rows), rows
 
 
+def reply_text(reply) -> str:
+    """A reply as the judge reads it: the text itself, or a chat reply's (assistant) messages' content."""
+    if isinstance(reply, str):
+        return reply
+    return "\n".join(m.get("content", "") for m in reply if isinstance(m, dict))
+
+
+def pair_agreement(scorer: RewardScorer, judge, tokenizer, pairs: list[dict], batch_size: int = 32) -> dict:
+    """The reward model on held-out labelled pairs (rows with prompt, chosen, rejected): ``rm/pairs_accuracy``,
+    the share it scores chosen above rejected (ties half); with a ``judge`` also ``rm_judge/pairs_agreement``,
+    its agreement with the judge's ranking of the two replies (``diagnostics.agreement``; pairs the judge scores
+    equal left out), and ``judge/pairs_accuracy``, the judge's own agreement with the labels (their noise
+    ceiling)."""
+    prompts = [row["prompt"] for row in pairs]
+    chosen = scorer.score(prompts, [reply_text(r["chosen"]) for r in pairs], batch_size).mean.tolist()
+    rejected = scorer.score(prompts, [reply_text(r["rejected"]) for r in pairs], batch_size).mean.tolist()
+    labels = agreement([(c, r, 1.0, 0.0) for c, r in zip(chosen, rejected)])
+    out = {"rm/pairs": float(labels["pairs"]), "rm/pairs_accuracy": labels["agreement"]}
+    if judge is not None:
+        rendered = [render_prompt(tokenizer, p) for p in prompts]
+        gold_c = [judge(p, reply_text(r["chosen"])) for p, r in zip(rendered, pairs)]
+        gold_r = [judge(p, reply_text(r["rejected"])) for p, r in zip(rendered, pairs)]
+        with_judge = agreement(list(zip(chosen, rejected, gold_c, gold_r)))
+        judge_labels = agreement([(gc, gr, 1.0, 0.0) for gc, gr in zip(gold_c, gold_r)])
+        out.update(
+            {
+                "rm_judge/pairs": float(with_judge["pairs"]),
+                "rm_judge/pairs_agreement": with_judge["agreement"],
+                "judge/pairs_accuracy": judge_labels["agreement"],
+            }
+        )
+    return out
+
+
+def sample_diagnostics(rows: list[dict]) -> dict:
+    """From several scored and judged replies per prompt: the reward model's agreement with the judge on pairs of
+    the policy's own replies, and best-of-N headroom (``rlhfkit.inference.diagnostics``); empty without them."""
+    if not rows or "score" not in rows[0] or "gold" not in rows[0]:
+        return {}
+    on_policy = on_policy_agreement(rows)
+    out = {
+        "rm_judge/on_policy_pairs": float(on_policy["pairs"]),
+        "rm_judge/on_policy_agreement": on_policy["agreement"],
+    }
+    best = best_of_n(rows)
+    if best["n"] >= 2:
+        out.update({f"best_of_n/{k}": float(v) if v is not None else None for k, v in best.items()})
+    return out
+
+
 def summarize(rows: list[dict]) -> dict[str, float]:
     """The metrics of ``evaluate_policy``'s rows: means of the per-row measures, text statistics."""
     texts = [row["response"] for row in rows]
@@ -137,6 +188,7 @@ def summarize(rows: list[dict]) -> dict[str, float]:
 
 def run(cfg: EvalConfig) -> dict:
     examples = load_examples(cfg.io.data, "prompt", "rlhfkit eval")[: cfg.eval.num_prompts or None]
+    pairs = load_examples(cfg.eval.pairs, "preference", "rlhfkit eval") if cfg.eval.pairs else []
     judge = None
     if cfg.eval.gold_judge:
         try:
@@ -147,7 +199,7 @@ def run(cfg: EvalConfig) -> dict:
     ranks = Ranks(state.process_index, state.num_processes)
     metrics, rows = evaluate_policy(
         cfg.model.model,
-        [ex.prompt for ex in examples],
+        [ex.prompt for ex in examples] * cfg.eval.samples_per_prompt,  # the list repeated: each copy sampled anew
         cfg.generation,
         reward_model=cfg.eval.reward_model,
         reference=cfg.eval.reference_model,
@@ -162,6 +214,12 @@ def run(cfg: EvalConfig) -> dict:
     )
     if not ranks.is_main:
         return metrics
+    metrics.update(sample_diagnostics(rows))
+    if pairs and cfg.eval.reward_model:
+        scorer = RewardScorer.load(cfg.eval.reward_model, state.device, cfg.model.trust_remote_code)
+        tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
+        held_out = [{"prompt": ex.prompt, "chosen": ex.chosen, "rejected": ex.rejected} for ex in pairs]
+        metrics.update(pair_agreement(scorer, judge, tokenizer, held_out, cfg.io.batch_size))
     out = Path(cfg.io.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(metrics, indent=2) + "\n")

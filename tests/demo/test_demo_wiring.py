@@ -107,8 +107,13 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     options = yaml.safe_load(log.with_suffix(".yaml").read_text())
     assert options["kl_coef"] == 0 and options["model"] == str(out / "sft") and options["progress"] is True
     assert "2/2" in output[-1]
-    for png in ("ppo_curves.png", "proxy_vs_gold.png"):
+    for png in ("ppo_curves.png", "proxy_vs_gold.png", "scores_against_kl.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    # the reward model against the judge: on the held-out pairs, and on each policy's own replies
+    held_out = summary["diagnostics"]["held_out"]
+    assert held_out["rm/pairs"] == 100 and 0.0 <= held_out["rm_judge/pairs_agreement"] <= 1.0
+    assert set(summary["diagnostics"]["policies"]) == {"sft", "ppo", "ppo_no_kl", "dpo", "iterated", "online_dpo"}
+    assert "## How far the reward model carries" in report and "scores_against_kl.png" in report
     for stage in ("sft", "rm", "ppo", "ppo_no_kl", "dpo"):
         assert (out / stage / "config.yaml").is_file()
     # PPO on a task with a judge logs the gold score
@@ -155,7 +160,9 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
         assert set(runs) == {f"demo/{s}" for s in ("sft", "rm", "ppo", "ppo_no_kl", "dpo")}
         assert all("reward/score" in row for row in runs["demo/ppo"] if "kl/ref" in row)
         assert any(r["rows"] for r in get("/api/samples")["runs"] if r["name"] == "demo/ppo")
-        assert "label-noise ceiling" in get("/") and '<img src="/file/0/ppo_curves.png"' in get("/")
+        page = get("/")
+        assert "label-noise ceiling" in page and '<img src="/file/0/ppo_curves.png"' in page
+        assert '<img src="/file/0/scores_against_kl.png"' in page and "How far the reward model carries" in page
 
 
 def test_text_stats_by_hand():
@@ -580,3 +587,36 @@ def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_model
     err = capsys.readouterr().err
     assert "GiB free" in err and "--output-dir" in err
     assert not (tmp_path / "full").exists()
+
+
+def test_the_report_sets_the_reward_model_against_the_judge(tmp_path):
+    from rlhfkit.demo.report import write_report
+
+    stages = SimpleNamespace(seconds={"SFT": 3.0}, load={"SFT": 1.0}, beside={})
+    results = fake_results({"sft": 0.0, "ppo": 1.0, "dpo": 2.0})
+    diagnostics = {
+        "held_out": {"rm/pairs_accuracy": 0.7, "judge/pairs_accuracy": 0.8, "rm_judge/pairs_agreement": 0.75},
+        "policies": {
+            "sft": {
+                "rm_judge/on_policy_agreement": 0.55,
+                "rm_judge/on_policy_pairs": 100.0,
+                "best_of_n/n": 4.0,
+                "best_of_n/prompts": 50.0,
+                "best_of_n/random": 2.0,
+                "best_of_n/rm_pick": 2.25,
+                "best_of_n/judge_pick": 3.0,
+                "best_of_n/captured": 0.25,
+            },
+            "ppo": {"rm_judge/on_policy_agreement": 0.5, "rm_judge/on_policy_pairs": 80.0},
+        },
+    }
+    summary = write_report(tmp_path, results, 0.8, stages, 60.0, diagnostics=diagnostics)
+    assert summary["diagnostics"] == diagnostics
+    report = (tmp_path / "report.md").read_text()
+    assert "agrees with the labels on 70% (the judge itself on 80%" in report
+    assert "with the judge's ranking on 75%" in report
+    assert "| SFT | 55% | 100 |" in report and "| PPO (KL on) | 50% | 80 |" in report
+    assert "Best-of-4 on the SFT model (50 held-out prompts)" in report and "**25%**" in report
+    # without diagnostics the section is left out
+    write_report(tmp_path, results, 0.8, stages, 60.0)
+    assert "How far the reward model carries" not in (tmp_path / "report.md").read_text()

@@ -141,7 +141,7 @@ def test_the_api_serves_every_metric_and_sample_and_only_images_from_the_folders
 
 def test_the_page_draws_every_metric_with_the_runs_overlaid(browser, viewer, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     console_errors(browser)  # forget what earlier pages logged
     browser.get(viewer.url("/"))
@@ -165,6 +165,20 @@ def test_the_page_draws_every_metric_with_the_runs_overlaid(browser, viewer, tmp
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".chart")) == 1)
     browser.find_element(By.ID, "filter").clear()
     browser.find_element(By.ID, "filter").send_keys(" ")
+
+    # against KL: each metric over the KL of its row (the over-optimisation curve); the run without the penalty
+    # reaches a KL of 27 in 30 steps: x ticks every 10 up to 20, rather than every 5 up to step 30
+    def x_ticks(metric: str) -> list[str]:
+        chart = f'.chart[data-metric="{metric}"]'
+        return [t.text for t in browser.find_elements(By.CSS_SELECTOR, f'{chart} text.tick[text-anchor="middle"]')]
+
+    assert x_ticks("reward/score")[-1] == "30"
+    Select(browser.find_element(By.ID, "x-axis")).select_by_value("kl/ref")
+    wait.until(lambda d: x_ticks("reward/score") and x_ticks("reward/score")[-1] == "20")
+    # a metric logged in a row without a KL has no point on that axis
+    assert browser.find_elements(By.CSS_SELECTOR, '.chart[data-metric="eval/gold"] circle.dot:not([visibility])') == []
+    Select(browser.find_element(By.ID, "x-axis")).select_by_value("step")
+    wait.until(lambda d: x_ticks("reward/score")[-1] == "30")
 
     browser.find_element(By.CSS_SELECTOR, '[data-testid="tab-samples"]').click()
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".sample")) == 3)

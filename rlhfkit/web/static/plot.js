@@ -62,9 +62,10 @@
     return Math.abs(points[lo][0] - x) <= Math.abs(points[hi][0] - x) ? points[lo] : points[hi];
   }
 
-  // series: [{name, color, points: [[x, y], ...]}] (x ascending). Returns the chart's <svg>.
+  // series: [{name, color, points: [[x, y], ...]}] (x ascending); options: smoothing, xLabel (the hover's name
+  // for x: "step"). Returns the chart's <svg>.
   function lineChart(container, series, options) {
-    const opts = Object.assign({ smoothing: 0 }, options);
+    const opts = Object.assign({ smoothing: 0, xLabel: "step" }, options);
     const shown = series.filter((s) => s.points.length > 0);
     const svg = el("svg", { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: "img" });
     container.append(svg);
@@ -119,7 +120,7 @@
       cursor.setAttribute("visibility", "visible");
       tip.replaceChildren();
       const head = document.createElement("div");
-      head.textContent = `step ${format(at)}`;
+      head.textContent = `${opts.xLabel} ${format(at)}`;
       tip.append(head);
       drawn.forEach((s, i) => {
         const p = nearest(s.drawn, at);

@@ -62,6 +62,8 @@
     charts.replaceChildren();
     const filter = byId("filter").value.trim().toLowerCase();
     const smoothing = Number(byId("smoothing").value);
+    // x: the step, or the KL to the reference (a reward against KL is the over-optimisation curve)
+    const xKey = byId("x-axis").value;
     const all = metricNames(metricRuns);
     byId("no-metrics").hidden = all.length > 0;
     for (const name of all.filter((n) => n.toLowerCase().includes(filter))) {
@@ -73,13 +75,13 @@
           name: run.name,
           color: COLORS[i % COLORS.length],
           points: run.rows
-            .filter((r) => typeof r[name] === "number")
-            .map((r) => [r.step, r[name]])
+            .filter((r) => typeof r[name] === "number" && typeof r[xKey] === "number")
+            .map((r) => [r[xKey], r[name]])
             .sort((a, b) => a[0] - b[0]),
         }))
         .filter((s) => !hiddenRuns.has(s.name));
       charts.append(card);
-      window.rlhfkitPlot.lineChart(card, series, { smoothing });
+      window.rlhfkitPlot.lineChart(card, series, { smoothing, xLabel: xKey === "step" ? "step" : "KL" });
     }
   }
 
@@ -169,6 +171,7 @@
 
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
   byId("filter").addEventListener("input", renderCharts);
+  byId("x-axis").addEventListener("change", renderCharts);
   byId("smoothing").addEventListener("input", () => {
     byId("smoothing-value").textContent = byId("smoothing").value;
     renderCharts();

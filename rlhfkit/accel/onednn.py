@@ -16,7 +16,6 @@ bounded set of shapes.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from torch import nn
 
 from rlhfkit.accel.base import choices, swap_classes
@@ -132,8 +132,7 @@ def _write_decision(key: str, faster: bool) -> bool:
     path = decisions_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(f"{path.name}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with FileLock(path.with_name(f"{path.name}.lock")):
             data = _read_decisions()
             if key in data:
                 return data[key]

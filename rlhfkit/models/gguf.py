@@ -13,14 +13,14 @@ rlhfkit's cache (``rlhfkit.cache``), keyed by the file's content, and loaded fro
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
 import os
 import shutil
 from pathlib import Path
+
+from filelock import FileLock
 
 from rlhfkit.cache import cache_root
 from rlhfkit.errors import UserError
@@ -70,7 +70,7 @@ def dequantised_folder(path: str | os.PathLike, what: str = "model") -> Path:
     if (folder / DONE).is_file():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.with_name(folder.name + ".lock")):  # one process converts; the others wait, then load
+    with FileLock(folder.with_name(folder.name + ".lock")):  # one process converts; the others wait, then load
         if not (folder / DONE).is_file():
             _convert(gguf_file, folder, what)
     return folder
@@ -102,13 +102,3 @@ def _convert(gguf_file: Path, folder: Path, what: str) -> None:
     (tmp / DONE).write_text(f"{gguf_file.resolve()}\n", encoding="utf-8")
     shutil.rmtree(folder, ignore_errors=True)  # a folder left half-written by an interrupted conversion
     os.replace(tmp, folder)
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path):
-    with lock_path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -22,7 +22,7 @@ from rlhfkit.errors import UserError, option
 from rlhfkit.models.sampling import sample_responses, stop_token_ids
 from rlhfkit.multiturn.envs import EnvCaller, load_env
 from rlhfkit.multiturn.template import Splicer
-from rlhfkit.multiturn.tools import load_tools, parse_tool_calls, run_tool_calls
+from rlhfkit.multiturn.tools import ToolRunner, load_tools, parse_tool_calls
 
 
 @dataclass
@@ -71,6 +71,7 @@ class MultiTurn:
     def __init__(self, args, tokenizer, data_path: str = "the data"):
         self.args, self.tokenizer = args, tokenizer
         self.tools = {t.name: t for t in load_tools(args.tool)}
+        self.tool_runner = ToolRunner(self.tools)  # one worker process for the run's calls, replaced after a timeout
         self.env = EnvCaller(load_env(args.env), data_path) if args.env else None
         self.splicer = Splicer(tokenizer, [t.schema for t in self.tools.values()])
 
@@ -137,7 +138,7 @@ class MultiTurn:
             if last:  # the turns ran out: a call no reply can follow is not run
                 c.done, c.truncated = True, True
                 return
-            results = run_tool_calls(calls, self.tools, self.args.tool_timeout)
+            results = self.tool_runner.run(calls, self.args.tool_timeout)
             c.tool_calls += len(calls)
             c.tool_errors += sum(r.error for r in results)
             new = [{"role": "tool", "content": r.content} for r in results]

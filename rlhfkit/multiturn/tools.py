@@ -9,12 +9,19 @@ to the model instead, and the rollout goes on; the trainer counts them in ``roll
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import multiprocessing
+import os
+import pickle
 import re
+import signal
+import sys
 import threading
 import time
 import typing
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +40,12 @@ class Tool:
     name: str
     fn: Callable
     schema: dict
+    spec: str = ""
+    """The ``FILE.py:NAME`` it was loaded from ("" for a callable given in Python)."""
 
     @classmethod
-    def from_function(cls, fn: Callable) -> Tool:
-        return cls(getattr(fn, "__name__", type(fn).__name__), fn, function_schema(fn))
+    def from_function(cls, fn: Callable, spec: str = "") -> Tool:
+        return cls(getattr(fn, "__name__", type(fn).__name__), fn, function_schema(fn), spec)
 
 
 def function_schema(fn: Callable) -> dict:
@@ -109,10 +118,9 @@ def load_tools(specs: list) -> list[Tool]:
     for spec in specs:
         if isinstance(spec, str):
             path, name = split_spec("tool", spec)
-            fn = load_object("tool", spec, Path(path), name)
+            tools.append(Tool.from_function(load_object("tool", spec, Path(path), name), spec))
         else:
-            fn = spec
-        tools.append(Tool.from_function(fn))
+            tools.append(Tool.from_function(spec))
     names = [t.name for t in tools]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -191,44 +199,197 @@ def result_text(value) -> str:
 
 
 def run_tool_calls(calls: list[ToolCall], tools: dict[str, Tool], timeout: float) -> list[ToolResult]:
-    """Run the calls concurrently, each in a daemon thread given ``timeout`` seconds; returns one result per
-    call, in order. A call still running after its time is abandoned (Python cannot stop a thread; as a
-    daemon it does not keep the process alive) and reported as timed out."""
-    results: list[ToolResult | None] = [None] * len(calls)
-    threads = []
-    for i, call in enumerate(calls):
-        if call.error:
-            results[i] = ToolResult(f"error: {call.error}", True)
-        elif call.name not in tools:
-            known = ", ".join(sorted(tools)) or "none"
-            results[i] = ToolResult(f"error: there is no tool '{call.name}' (the tools are: {known})", True)
-        else:
-            thread = threading.Thread(target=_run_one, args=(tools[call.name], call, results, i), daemon=True)
+    """``ToolRunner.run`` in a runner of its own, stopped afterwards (a rollout keeps one runner for the run)."""
+    runner = ToolRunner(tools)
+    try:
+        return runner.run(calls, timeout)
+    finally:
+        runner.close()
+
+
+class ToolRunner:
+    """Runs tool calls in a worker process, which a call that runs past its timeout takes down with it.
+
+    Python cannot stop a thread, so a tool that hangs in the training process would keep running (and holding
+    whatever it holds) for the rest of the run; a process can be killed. One worker serves call after call (the
+    round trip costs far less than starting a process); when a call times out the worker is killed, with any
+    process its tools started (its process group, on POSIX), and the next call starts a new one. A tool's
+    module-level state therefore lives in the worker: it lasts from call to call, but not past a timeout.
+
+    Where ``fork`` is safe (Linux and other POSIX systems but macOS) the worker is a fork of this process and takes
+    the tools as they are: any callable, lambdas included. Elsewhere it is a fresh interpreter: a tool from
+    ``FILE.py:NAME`` is loaded again there, and a callable given in Python must be picklable (a function at the
+    top level of a module). The worker is daemonic, so a tool cannot start ``multiprocessing`` processes of its
+    own (``subprocess`` is fine).
+    """
+
+    def __init__(self, tools: dict[str, Tool], start_method: str | None = None):
+        self.tools = tools
+        self.signatures = {name: inspect.signature(tool.fn) for name, tool in tools.items()}
+        self.method = start_method or ("fork" if _fork_is_safe() else "spawn")
+        self.context = multiprocessing.get_context(self.method)
+        # what the worker is given: the tools themselves for a fork, else what loads them in a new interpreter
+        forked = self.method == "fork"
+        self.payload = {name: tool.spec if tool.spec and not forked else tool.fn for name, tool in tools.items()}
+        if not forked:
+            for name, source in self.payload.items():
+                try:
+                    pickle.dumps(source)
+                except Exception as exc:
+                    raise UserError(
+                        f"{option('tool')}: the tool '{name}' cannot be sent to the process tools run in "
+                        f"({type(exc).__name__}: {exc}); give it as FILE.py:NAME, or as a function defined at the "
+                        "top level of a module"
+                    ) from None
+        self._worker: list = [None]  # (process, connection) of the running worker, or None
+        weakref.finalize(self, _stop, self._worker)  # when the runner is dropped, and at exit
+
+    def run(self, calls: list[ToolCall], timeout: float) -> list[ToolResult]:
+        """Run the calls at the same time (threads of the worker), given ``timeout`` seconds together from when
+        the worker has them; returns one result per call, in order. Calls still running then are reported as
+        timed out and the worker is killed."""
+        results: list[ToolResult | None] = [None] * len(calls)
+        jobs = []
+        for i, call in enumerate(calls):
+            if call.error:
+                results[i] = ToolResult(f"error: {call.error}", True)
+            elif call.name not in self.tools:
+                known = ", ".join(sorted(self.tools)) or "none"
+                results[i] = ToolResult(f"error: there is no tool '{call.name}' (the tools are: {known})", True)
+            else:
+                try:
+                    self.signatures[call.name].bind(**call.arguments)
+                except TypeError as exc:
+                    results[i] = ToolResult(f"error: bad arguments for '{call.name}': {exc}", True)
+                    continue
+                jobs.append((i, call.name, call.arguments))
+        if not jobs:
+            return results
+        ended = False  # the worker died (a tool took the process down) before answering every call
+        if self._worker[0] is None or not self._worker[0][0].is_alive():
+            _stop(self._worker)  # a worker killed from outside between calls is replaced, not sent to
+            self._start()
+        conn = self._worker[0][1]
+        try:
+            conn.send(jobs)
+        except OSError:
+            ended = True
+        deadline = time.monotonic() + timeout
+        pending = {i for i, _, _ in jobs}
+        while pending and not ended:
+            left = deadline - time.monotonic()
+            if left <= 0 or not conn.poll(left):
+                break
+            try:
+                i, content, error = conn.recv()
+            except (EOFError, OSError):
+                ended = True
+                break
+            results[i] = ToolResult(content, error)
+            pending.discard(i)
+        if pending:
+            _stop(self._worker)
+            for i in sorted(pending):
+                name = calls[i].name
+                if ended:
+                    results[i] = ToolResult(f"error: the process running '{name}' ended before it returned", True)
+                else:
+                    results[i] = ToolResult(f"error: the tool '{name}' did not finish within {timeout:g} s", True)
+        return results
+
+    def close(self) -> None:
+        """Stop the worker (and whatever its tools started); a later call starts a new one."""
+        _stop(self._worker)
+
+    def _start(self) -> None:
+        parent_end, child_end = self.context.Pipe()
+        inherited = parent_end if self.method == "fork" else None  # a forked worker has a copy to close
+        process = self.context.Process(
+            target=_serve, args=(child_end, inherited, self.payload), name="rlhfkit-tools", daemon=True
+        )
+        process.start()
+        child_end.close()  # the worker's end lives in the worker only: its death reads here as the end of the pipe
+        try:
+            ready = parent_end.recv()
+        except (EOFError, OSError):
+            ready = "the process tools run in ended while it started"
+        if ready is not True:
+            _stop([(process, parent_end)])
+            raise UserError(f"{option('tool')}: {ready}")
+        self._worker[0] = (process, parent_end)
+
+
+def _fork_is_safe() -> bool:
+    # macOS's system libraries are not fork-safe (Python spawns there by default); Windows has no fork
+    return "fork" in multiprocessing.get_all_start_methods() and sys.platform != "darwin"
+
+
+def _stop(worker: list) -> None:
+    """Kill the worker in ``worker[0]`` (its process group where there are groups) and reap it."""
+    if worker[0] is None:
+        return
+    (process, conn), worker[0] = worker[0], None
+    conn.close()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (AttributeError, OSError):  # no process groups (Windows), or the worker had not made its own yet
+        process.kill()
+    process.join()
+    process.close()
+
+
+def _serve(conn, parent_end, payload: dict) -> None:
+    """The worker: load the tools, then answer each list of ``(index, name, arguments)`` with one
+    ``(index, content, error)`` per call, the calls run in threads at the same time."""
+    if parent_end is not None:
+        parent_end.close()  # a forked worker's copy: closed, so that the parent's exit ends the pipe for it
+    if hasattr(os, "setpgid"):
+        with contextlib.suppress(OSError):  # without a group of its own, a timeout kills the worker alone
+            os.setpgid(0, 0)  # its own process group, which a timeout kills whole: the processes its tools start too
+    # a forked worker has the trainer's handlers (SIGTERM and SIGINT ask it to save a checkpoint); not its job
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        tools = {name: _loaded(source) for name, source in payload.items()}
+    except Exception as exc:
+        conn.send(f"cannot load the tools in the process they run in ({type(exc).__name__}: {exc})")
+        return
+    conn.send(True)
+    sending = threading.Lock()
+
+    def answer(i: int, name: str, arguments: dict) -> None:
+        content, error = _call(tools[name], name, arguments)
+        with sending:
+            conn.send((i, content, error))
+
+    while True:
+        try:
+            jobs = conn.recv()
+        except (EOFError, OSError):  # the training process closed the pipe or is gone
+            return
+        threads = [threading.Thread(target=answer, args=job) for job in jobs[1:]]
+        for thread in threads:
             thread.start()
-            threads.append((i, thread))
-    deadline = time.monotonic() + timeout
-    for i, thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive() or results[i] is None:
-            results[i] = ToolResult(f"error: the tool '{calls[i].name}' did not finish within {timeout:g} s", True)
-    return list(results)  # a copy: an abandoned thread that finishes later writes into the old list only
+        answer(*jobs[0])
+        for thread in threads:
+            thread.join()
 
 
-def _run_one(tool: Tool, call: ToolCall, results: list, i: int) -> None:
+def _loaded(source) -> Callable:
+    if not isinstance(source, str):
+        return source
+    path, name = split_spec("tool", source)
+    return load_object("tool", source, Path(path), name)
+
+
+def _call(fn: Callable, name: str, arguments: dict) -> tuple[str, bool]:
+    """A call's message and whether it is an error."""
     try:
-        inspect.signature(tool.fn).bind(**call.arguments)
-    except TypeError as exc:
-        results[i] = ToolResult(f"error: bad arguments for '{tool.name}': {exc}", True)
-        return
-    try:
-        value = tool.fn(**call.arguments)
-    except Exception as exc:  # the user's tool: its failure is a message to the model
+        value = fn(**arguments)
+    except BaseException as exc:  # the user's tool (sys.exit too): its failure is a message to the model
         detail = str(exc).splitlines()[0] if str(exc) else ""
-        message = f"error: '{tool.name}' raised {type(exc).__name__}" + (f": {detail}" if detail else "")
-        results[i] = ToolResult(message, True)
-        return
+        return f"error: '{name}' raised {type(exc).__name__}" + (f": {detail}" if detail else ""), True
     try:
-        results[i] = ToolResult(result_text(value), False)
+        return result_text(value), False
     except (TypeError, ValueError):
-        kind = type(value).__name__
-        results[i] = ToolResult(f"error: '{tool.name}' returned a {kind}, which is not text or JSON", True)
+        return f"error: '{name}' returned a {type(value).__name__}, which is not text or JSON", True

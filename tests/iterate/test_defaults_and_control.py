@@ -14,6 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 import rlhfkit
+from rlhfkit.config.commands import RMConfig
 from rlhfkit.config.iterate import IterateArgs
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.iterated.health import collapsed, distinct_share, similar_share, similarity
@@ -30,13 +31,22 @@ def _moved(before: Path, after: Path) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def test_a_reward_model_continues_at_the_rate_it_was_trained_at(two_rounds, iterate_task, tmp_path):
-    # The first reward model of `two_rounds` was trained at 1e-3 (its config.yaml says so); iterate's default
-    # --rm-learning-rate reads that rate back, where a fixed default rate would leave the model where it was.
-    rm = two_rounds / "round-0" / "rm"
-    assert yaml.safe_load((rm / "config.yaml").read_text())["learning_rate"] == SMALL["rm_learning_rate"]
-    assert IterateArgs().rm_learning_rate == 0 and IterateArgs().rm_batch_size == 0
+def test_a_reward_model_continues_at_the_rate_and_batch_size_it_was_trained_at(iterate_task, tmp_path):
+    # The reward model is trained at 1e-3 and 4 pairs a step, neither `rlhfkit rm`'s default (its config.yaml says
+    # so); iterate's default --rm-learning-rate and --rm-batch-size read them back, where a fixed default rate would
+    # leave the model where it was.
     t = iterate_task
+    default = RMConfig().optim
+    rate, batch = SMALL["rm_learning_rate"], default.batch_size // 2
+    assert rate != default.learning_rate and batch != default.batch_size
+    rm = tmp_path / "rm"
+    rlhfkit.rm(
+        model=t["sft"], data=t["prefs"], output_dir=str(rm), max_steps=4, learning_rate=rate, batch_size=batch,
+        progress=False,
+    )  # fmt: skip
+    saved = yaml.safe_load((rm / "config.yaml").read_text())
+    assert (saved["learning_rate"], saved["batch_size"]) == (rate, batch)
+    assert IterateArgs().rm_learning_rate == 0 and IterateArgs().rm_batch_size == 0
     flags = {**SMALL, "pairs_per_round": 16, "max_steps": 1, "rm_steps": 10}
     del flags["rm_learning_rate"]
     moved = {}
@@ -47,8 +57,8 @@ def test_a_reward_model_continues_at_the_rate_it_was_trained_at(two_rounds, iter
             rounds=1, **flags, **extra,
         )  # fmt: skip
         updated = yaml.safe_load((out / "round-1" / "rm" / "config.yaml").read_text())
-        assert updated["learning_rate"] == extra.get("rm_learning_rate", SMALL["rm_learning_rate"])
-        assert updated["batch_size"] == 8  # the batch size it was trained with
+        assert updated["learning_rate"] == extra.get("rm_learning_rate", rate)
+        assert updated["batch_size"] == batch  # the batch size it was trained with
         moved[name] = _moved(rm, out / "round-1" / "rm")
     assert moved["default"] > 10 * moved["small"], moved
 

@@ -261,6 +261,10 @@ class DemoConfig:
     kl_ablation: bool | None = None
     """support task: also run PPO without the KL penalty (beta = 0), which shows the reward model
     over-optimised. Default: on for the built-in model, off with --model (where it is one more PPO run)."""
+    gold_reward: bool | None = None
+    """support task: also run PPO with the gold judge itself as its reward, no reward model between (a value head
+    on the policy, PPO's other settings unchanged): the ceiling of RL at the plan's budget, shown beside the
+    learned reward model's run. Default: on for the built-in model, off with --model (one more PPO run)."""
     resume: bool = False
     """Continue a demo that stopped, in the same --output-dir with the same options: the stages it finished
     (stages.json) are kept, the others run again, iterated PPO from its last finished round."""

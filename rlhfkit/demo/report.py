@@ -18,6 +18,7 @@ MODELS = {
     "dpo": "DPO",
     "iterated": "iterated PPO",
     "online_dpo": "online DPO",
+    "ppo_gold": "PPO (gold judge as reward)",
 }
 # The top line of a --quick run's report (both tasks): its stages ran a few steps, so its numbers are noise.
 QUICK_RUN = (
@@ -101,8 +102,10 @@ def plot(out: Path) -> list[str]:
     # the over-optimisation curve: both scores against the KL the policy has moved from the SFT model
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     curves = {name: overoptimisation_curve(rows) for name, rows in runs.items()}
+    gold_run = _metrics(out / "ppo_gold")  # its reward is the judge: on the gold panel only
     for ax, key, title in zip(axes, ("score", "gold"), ("reward-model score", "gold judge (held-out prompts)")):
-        for name, curve in curves.items():
+        shown = {**curves, "ppo_gold": overoptimisation_curve(gold_run)} if key == "gold" and gold_run else curves
+        for name, curve in shown.items():
             points = [(r["kl"], r[key]) for r in curve if r["kl"] is not None and r[key] is not None]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=MODELS[name])
         ax.set_title(title)
@@ -219,16 +222,18 @@ PRETRAINED_ABOUT = (
     "its own chat format. First it imitates example replies of mixed quality (SFT). Then it learns from "
     "preference pairs (which of two replies a simulated rater liked better) in two ways: PPO, which optimises a "
     "reward model trained on the pairs while a KL penalty keeps it near the SFT model, and DPO, which learns "
-    "from the pairs directly. A hidden gold judge, the rule the raters follow and which no training step sees, "
-    "scores every reply to customer messages none of the models trained on."
+    "from the pairs directly. A hidden gold judge, the rule the raters follow, scores every reply to customer "
+    "messages none of the models trained on; no training step sees it, except a PPO run that takes it as its "
+    "reward (when it runs) to show the ceiling."
 )
 ABOUT = (
     "**What this is.** A small language model, trained from scratch on this machine, learns to reply to "
     "customer-support messages. First it imitates example replies of mixed quality (SFT). Then it learns from "
     "preference pairs (which of two replies a simulated rater liked better) in two ways: PPO, which optimises a "
     "reward model trained on the pairs while a KL penalty keeps it near the SFT model, and DPO, which learns "
-    "from the pairs directly. A hidden gold judge, the rule the raters follow and which no training step sees, "
-    "scores every reply to customer messages none of the models trained on."
+    "from the pairs directly. A hidden gold judge, the rule the raters follow, scores every reply to customer "
+    "messages none of the models trained on; no training step sees it, except a PPO run that takes it as its "
+    "reward (when it runs) to show the ceiling."
 )
 
 
@@ -286,7 +291,24 @@ def headline(
                 f" Before each round's update the reward model ranked the policy's new pairs as the raters did "
                 f"{accuracies} of the time, round by round."
             )
+    if "ppo_gold" in m:
+        shows += " " + _ceiling_text(gold, moved)
     return [ABOUT, "", shows]
+
+
+def _ceiling_text(gold: dict, moved) -> str:
+    """What PPO with the gold judge as its reward reached, and the share of it the reward model's PPO took."""
+    reach = gold["ppo_gold"] - gold["sft"]
+    share = (gold["ppo"] - gold["sft"]) / reach if reach > 0 else None
+    took = (
+        f"; PPO on the reward model took {share:.0%} of that gain"
+        if share is not None
+        else "; at this budget it gained nothing to measure the reward model's run against"
+    )
+    return (
+        f"With the gold judge itself as PPO's reward (no reward model between; the same settings otherwise), PPO "
+        f"{moved('ppo_gold')}, to {gold['ppo_gold']:.2f}: the most this RL budget reaches on the task{took}."
+    )
 
 
 def _no_kl_text(m: dict, gold: dict, no_kl_peak: tuple[int, float] | None) -> str:
@@ -425,7 +447,7 @@ def write_report(
         *([QUICK_RUN, "", ABOUT] if quick else headline(m, rm_acc, ceiling, peak, rounds, summary["gold_diff_se"])),
         "",
         f"Whole pipeline in {seconds / 60:.1f} minutes. Scores are means over {int(m['sft'].get('n', 0))} sampled "
-        "replies to held-out prompts; the gold judge is never used for training.",
+        "replies to held-out prompts; the gold judge trains nothing but the run that takes it as its reward.",
         "",
         "| model | gold ± s.e. | RM score | KL to SFT | names the product | product named | length (words) "
         "| distinct-2 | repetition |",
@@ -459,10 +481,11 @@ def write_report(
         "",
         "![proxy vs gold](proxy_vs_gold.png)",
         "",
-        "The gold judge is also a reward function (`rlhfkit grpo --reward-fn support`), but optimising it "
-        "directly is a different experiment: no learned reward model stands between the policy and the judge, "
-        "so there is no proxy to over-optimise. That measures an optimiser on a known reward; RLHF is about "
-        "what survives when human preferences are first learned by a reward model and then optimised.",
+        "The gold judge is also a reward function (`rlhfkit ppo --reward-fn support`). Optimised directly (the "
+        "*PPO (gold judge as reward)* row, when it ran), no learned reward model stands between the policy and "
+        "the judge, so there is no proxy to over-optimise: it measures how far the RL machinery gets at this "
+        "budget, the ceiling for PPO on a learned reward model. RLHF is about what survives when preferences are "
+        "first learned by a reward model and then optimised.",
         "",
         "## Sample replies (same held-out prompts)",
         "",

@@ -239,7 +239,9 @@ def begin(
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = cfg.model
-    identity = {k: getattr(cfg, k) for k in ("task", "seed", "model", "quick", "arch", "size", "kl_ablation")}
+    identity = {
+        k: getattr(cfg, k) for k in ("task", "seed", "model", "quick", "arch", "size", "kl_ablation", "gold_reward")
+    }
     stages = Stages(total=total, record=out / STAGES_FILE, identity=identity, resume=cfg.resume)
 
     def task_data():

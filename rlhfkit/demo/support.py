@@ -1,11 +1,11 @@
 """`rlhfkit demo` on the built-in customer-support task: init-model -> SFT -> reward model -> PPO (KL on) -> PPO
-(beta = 0) -> DPO -> iterated PPO -> online DPO -> evaluation, with a report.
+(beta = 0) -> DPO -> PPO with the gold judge as reward -> iterated PPO -> online DPO -> evaluation, with a report.
 
 Every stage runs its command on a config built from the plan's options (``rlhfkit.demo.plan``). The gold judge
-of the task is used only to evaluate, never to train. With a core to spare, two stages run at once: iterated PPO in
-a child process beside the reward model, PPO and DPO, then the beta = 0 run in a child process beside online DPO;
-the stages that then run alone (SFT, the evaluation, and online DPO without the beta = 0 run) take both stages'
-threads.
+of the task evaluates every policy and trains only the PPO run that takes it as its reward (the ceiling). With a
+core to spare, two stages run at once: iterated PPO in a child process beside the reward model, PPO, DPO and the
+gold-reward PPO, then the beta = 0 run in a child process beside online DPO; the stages that then run alone (SFT,
+the evaluation, and online DPO without the beta = 0 run) take both stages' threads.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from rlhfkit.tasks import get_judge
 from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
 from rlhfkit.training.runtime import cpu_threads
 
+GOLD_REWARD_STAGE = "PPO with the gold judge as reward"
 EVAL_GENERATION = {"max_new_tokens": 40, "temperature": 0.7}  # as the PPO rollouts sample
 
 
@@ -73,7 +74,7 @@ def loop_options(out: Path, data: dict[str, str], settings: dict, run_plan: Plan
 ADAPTER_SHARE = 0.05  # a LoRA adapter's size against its model's: rank 16 on every linear layer of SmolLM2 is 3.6%
 
 
-def disk_needed(run_plan: Plan, ablation: bool) -> int:
+def disk_needed(run_plan: Plan, ablation: bool, gold_reward: bool = False) -> int:
     """Bytes a demo on a given model writes, roughly: each model it saves (SFT, the reward model, PPO, DPO, the
     beta = 0 run when it runs, iterated PPO's first reward model, each round's reward model, policy and value
     model and its final policy, online DPO's first policy, each round's and its final one) whole in the model's
@@ -87,7 +88,7 @@ def disk_needed(run_plan: Plan, ablation: bool) -> int:
 
     s = run_plan.settings
     it, online = s["iterate"], s["online_dpo"]
-    policies = size(s["sft"]) + size(s["ppo"]) * (1 + ablation) + size(s["dpo"])
+    policies = size(s["sft"]) + size(s["ppo"]) * (1 + ablation + gold_reward) + size(s["dpo"])
     iterated = size(it, "rm_lora_r") * (1 + it["rounds"]) + size(it) * (2 * it["rounds"] + 1)
     return int(policies + size(s["rm"]) + iterated + size(online) * (online["rounds"] + 2))
 
@@ -131,8 +132,10 @@ def run(cfg: DemoConfig) -> dict:
     # The beta = 0 run shows what the KL penalty is for; on a pretrained model it is one more PPO run, so it runs
     # there only when asked.
     ablation = cfg.kl_ablation if cfg.kl_ablation is not None else not cfg.model
-    total = (9 if cfg.model else 10) - (not ablation)
-    check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation))
+    # PPO with the gold judge as its reward: the ceiling the reward model's run is measured against
+    gold_reward = cfg.gold_reward if cfg.gold_reward is not None else not cfg.model
+    total = (9 if cfg.model else 10) - (not ablation) + gold_reward
+    check_disk(Path(cfg.output_dir), disk_needed(run_plan, ablation, gold_reward))
     out, data, stages = begin(cfg, write_task_data, total=total, sizes=run_plan.sizes)
     base = cfg.model or f"{out}/base"
     # every stage's seed and progress bar; what a stopped run left in a stage's folder is replaced (a --resume
@@ -157,6 +160,8 @@ def run(cfg: DemoConfig) -> dict:
         **settings["ppo"],
         **common,
     }
+    gold_ppo = {k: v for k, v in ppo.items() if k not in ("reward_model", "value_model")}
+    gold_ppo.update({"reward_fn": ["support"], "output_dir": f"{out}/ppo_gold"})
     no_kl_name = "PPO without KL (beta = 0)"
     no_kl = {
         **ppo,
@@ -194,6 +199,8 @@ def run(cfg: DemoConfig) -> dict:
         if ablation and not spare:
             stages.run(no_kl_name, lambda: run_stage("ppo", no_kl))
         stages.run("DPO", lambda: run_stage("dpo", {**dpo, "output_dir": f"{out}/dpo", **settings["dpo"], **common}))
+        if gold_reward:
+            stages.run(GOLD_REWARD_STAGE, lambda: run_stage("ppo", gold_ppo))
         if not spare:
             stages.run(iterated_name, lambda: run_stage("iterate", iterated), done_before=iterated_before)
         wait_for_children()
@@ -219,6 +226,8 @@ def run(cfg: DemoConfig) -> dict:
         gen = GenerationArgs(**EVAL_GENERATION) if not cfg.quick else GenerationArgs(max_new_tokens=8)
         results = {}
         policies = {name: out / name for name in ("sft", "ppo", "ppo_no_kl", "dpo") if ablation or name != "ppo_no_kl"}
+        if gold_reward:
+            policies["ppo_gold"] = out / "ppo_gold"
         policies["iterated"] = out / "iterated" / "final"
         policies["online_dpo"] = out / "online_dpo" / "final"
         # the reward model and the reference loaded once for every policy (sampling draws from the seed alone)

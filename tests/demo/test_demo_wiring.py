@@ -48,7 +48,7 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     assert main(["demo", "--output-dir", str(out), "--quick", "--progress", "false"]) == 0
     assert yaml.safe_load((out / "sft" / "config.yaml").read_text())["threads"] == 2
     assert yaml.safe_load((out / "rm" / "config.yaml").read_text())["threads"] == 0  # the demo's own: 1
-    assert evaluated_on == [2] * 6  # sft, ppo, ppo_no_kl, dpo, iterated, online_dpo
+    assert evaluated_on == [2] * 7  # sft, ppo, ppo_no_kl, dpo, ppo_gold, iterated, online_dpo
     assert yaml.safe_load((out / "online_dpo" / "config.yaml").read_text())["threads"] == 1  # beside beta = 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["quick"] is True
@@ -84,12 +84,13 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # the console: stage headers in the order the stages started, the same order as the report's stage times; the
     # child's whole log path; the report's path last
     console = console_lines(capsys.readouterr().err)
-    started = [m.group(1) for m in map(re.compile(r"demo \d+/10: (.*?) ─").search, console) if m]
-    assert started[3:9] == [
+    started = [m.group(1) for m in map(re.compile(r"demo \d+/11: (.*?) ─").search, console) if m]
+    assert started[3:10] == [
         "iterated PPO",
         "reward model",
         "PPO (KL penalty on)",
         "DPO",
+        "PPO with the gold judge as reward",
         "PPO without KL (beta = 0)",
         "online DPO",
     ]
@@ -112,7 +113,14 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     # the reward model against the judge: on the held-out pairs, and on each policy's own replies
     held_out = summary["diagnostics"]["held_out"]
     assert held_out["rm/pairs"] == 100 and 0.0 <= held_out["rm_judge/pairs_agreement"] <= 1.0
-    assert set(summary["diagnostics"]["policies"]) == {"sft", "ppo", "ppo_no_kl", "dpo", "iterated", "online_dpo"}
+    policies = {"sft", "ppo", "ppo_no_kl", "dpo", "ppo_gold", "iterated", "online_dpo"}
+    assert set(summary["diagnostics"]["policies"]) == policies
+    # PPO with the gold judge as its reward: no reward model, a value head on the policy, the same steps as PPO
+    gold_config = yaml.safe_load((out / "ppo_gold" / "config.yaml").read_text())
+    ppo_config = yaml.safe_load((out / "ppo" / "config.yaml").read_text())
+    assert gold_config["reward_fn"] == ["support"] and not gold_config["reward_model"]
+    assert not gold_config["value_model"] and gold_config["max_steps"] == ppo_config["max_steps"]
+    assert "| PPO (gold judge as reward) |" in report
     assert "## How far the reward model carries" in report and "scores_against_kl.png" in report
     for stage in ("sft", "rm", "ppo", "ppo_no_kl", "dpo"):
         assert (out / stage / "config.yaml").is_file()
@@ -157,7 +165,7 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
 
     with served_json([str(out)]) as get:
         runs = {r["name"]: r["rows"] for r in get("/api/metrics")["runs"]}
-        assert set(runs) == {f"demo/{s}" for s in ("sft", "rm", "ppo", "ppo_no_kl", "dpo")}
+        assert set(runs) == {f"demo/{s}" for s in ("sft", "rm", "ppo", "ppo_no_kl", "dpo", "ppo_gold")}
         assert all("reward/score" in row for row in runs["demo/ppo"] if "kl/ref" in row)
         assert any(r["rows"] for r in get("/api/samples")["runs"] if r["name"] == "demo/ppo")
         page = get("/")

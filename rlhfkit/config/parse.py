@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from rlhfkit.config.fields import choices, field_docs
+from rlhfkit.config.recipes import config_file, recipe_path
 from rlhfkit.errors import UserError, option
 from rlhfkit.files import write_text
 
@@ -225,9 +226,11 @@ def _flat_yaml(data: dict, part_names: set[str]) -> dict[str, Any]:
 
 
 def load_yaml(path: str) -> dict:
-    p = Path(path)
+    """The mapping of option: value in the YAML file ``path``, or in the recipe of that name shipped with rlhfkit
+    when no such file exists (``rlhfkit.config.recipes``)."""
+    p = Path(config_file(path))
     if not p.is_file():
-        raise UserError(f"{path}: config file does not exist")
+        raise UserError(f"{path}: config file does not exist (nor is it the name of a recipe)")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
@@ -239,6 +242,12 @@ def load_yaml(path: str) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path}: a config file must be a mapping of option: value")
     return data
+
+
+def load_recipe(name: str) -> dict:
+    """The options of the recipe ``name`` shipped with rlhfkit (``ppo/3b-lora-1gpu``, ``demo/tiny/sft``), as
+    ``{option: value}``: flat, as written, names with ``_``."""
+    return {str(k).replace("-", "_"): v for k, v in load_yaml(str(recipe_path(name))).items()}
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -269,7 +278,10 @@ def build_parser(prog: str, config: Any, description: str = "") -> argparse.Argu
         allow_abbrev=False,
     )
     parser.add_argument(
-        "--config", metavar="FILE.yaml", help="YAML file of options; flags given on the command line win."
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file of options, or the name of a recipe shipped with rlhfkit (e.g. ppo/3b-lora-1gpu); flags "
+        "given on the command line win.",
     )
     parser.add_argument("--debug", action="store_true", help="Show Python tracebacks for errors.")
     groups: dict[str, argparse._ArgumentGroup] = {}

@@ -21,6 +21,7 @@ from .estimators import (
     get_advantage_estimator,
     register_advantage_estimator,
 )
+from .groups import Groups
 from .kl import kl_penalty
 from .kl_control import AdaptiveKLController, FixedKLController, KLController
 from .logprobs import logprobs_from_logits
@@ -52,6 +53,7 @@ __all__ = [
     "AdvantageConfig",
     "AdvantageEstimator",
     "FixedKLController",
+    "Groups",
     "KLController",
     "aggregate_loss",
     "bradley_terry_loss",

@@ -1,93 +1,114 @@
 """Advantages without a value head: GRPO, RLOO, REINFORCE++.
 
 Shapes: ``[B]`` = one number per completion; ``[B, T]`` = batch × response tokens, ``mask`` 1 on real
-tokens. Group estimators take ``group_size`` G: rows ``[k·G, (k+1)·G)`` are the G completions of one
-prompt, so B must be a multiple of G.
+tokens. Group estimators compare the completions of one prompt: ``group_ids`` (LongTensor ``[B]``) names each
+row's group (:class:`rlhfkit.ops.groups.Groups`: any order, groups of any size), or ``group_size`` G says that rows
+``[k·G, (k+1)·G)`` form group k (B a multiple of G). Give one of the two.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .groups import Groups
 from .stats import masked_whiten
 
 GRPO_SCALES = ("group", "batch", "none")
 
 
-def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``[B]`` -> ``[B/G, G]``, one row per prompt, after checking the shapes."""
+def _groups(
+    rewards: torch.Tensor, group_size: int | None, group_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, Groups]:
+    """(``rewards`` as floats, their groups) after checking the shapes."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.get_default_dtype())
+    if (group_size is None) == (group_ids is None):
+        raise ValueError("give either group_size or group_ids")
+    if group_ids is not None:
+        if group_ids.shape != rewards.shape:
+            raise ValueError(
+                f"group_ids must have the rewards' shape {tuple(rewards.shape)}, got {tuple(group_ids.shape)}"
+            )
+        return rewards, Groups(group_ids.to(rewards.device))
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_size must be a positive int, got {group_size!r}")
     if rewards.shape[0] % group_size != 0:
         raise ValueError(f"batch size {rewards.shape[0]} is not a multiple of group_size {group_size}")
-    if not rewards.is_floating_point():
-        rewards = rewards.to(torch.get_default_dtype())
-    return rewards.view(-1, group_size)
+    return rewards, Groups.contiguous(rewards.shape[0], group_size, rewards.device)
 
 
-def _unbiased_std(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Unbiased std (Bessel's correction), over ``dim`` kept as size 1 or over all of ``x``.
-
-    Fewer than 2 elements give 0 instead of NaN: the centred values are 0 there anyway.
-    """
-    n = x.numel() if dim is None else x.shape[dim]
-    if n < 2:
-        return x.new_zeros(())
-    return x.std() if dim is None else x.std(dim=dim, keepdim=True)
+def _unbiased_std(x: torch.Tensor) -> torch.Tensor:
+    """Unbiased std (Bessel's correction) over all of ``x``; fewer than 2 elements give 0 instead of NaN (the
+    centred values are 0 there anyway)."""
+    return x.std() if x.numel() >= 2 else x.new_zeros(())
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_size: int | None = None,
+    scale: str = "group",
+    eps: float = 1e-4,
+    *,
+    group_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Group-relative advantage of each completion -> ``[B]`` (GRPO, Shao et al. 2024, DeepSeekMath).
 
         scale="group":  A_i = (r_i − mean_g) / (std_g + eps)
         scale="batch":  A_i = (r_i − mean_g) / (std_batch + eps)
         scale="none":   A_i =  r_i − mean_g                 (Dr. GRPO, Liu et al. 2025)
 
-    mean_g and std_g are over the G completions of row i's prompt; std is unbiased (divides by
-    n − 1); std_batch is over all B rewards. ``rewards``: ``[B]``, one scalar per completion.
-    The std of a single element is taken as 0, so G = 1 gives all-zero advantages, not NaN.
+    mean_g and std_g are over the completions of row i's group g (``group_ids`` ``[B]``, or contiguous groups of
+    ``group_size``); std is unbiased (divides by n − 1); std_batch is over all B rewards. ``rewards``: ``[B]``, one
+    scalar per completion. The std of a single element is taken as 0, so a group of one gets advantage 0, not NaN.
     Raises ValueError if B is not a multiple of ``group_size`` or ``scale`` is unknown.
     """
     if scale not in GRPO_SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {', '.join(GRPO_SCALES)}")
-    grouped = _grouped(rewards, group_size)  # [B/G, G]
-    centred = grouped - grouped.mean(dim=-1, keepdim=True)
+    rewards, groups = _groups(rewards, group_size, group_ids)
+    grouped = groups.matrix(rewards)  # [K, G]
+    centred = grouped - groups.mean(grouped)
     if scale == "group":
-        centred = centred / (_unbiased_std(grouped, dim=-1) + eps)
+        centred = centred / (groups.std(grouped) + eps)
     elif scale == "batch":
-        centred = centred / (_unbiased_std(grouped) + eps)
-    return centred.reshape(-1)
+        centred = centred / (_unbiased_std(rewards) + eps)
+    return groups.rows(centred)
 
 
-def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(
+    rewards: torch.Tensor, group_size: int | None = None, *, group_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """REINFORCE leave-one-out advantage -> ``[B]`` (RLOO, Ahmadian et al. 2024).
 
-        A_i = r_i − mean_{j≠i} r_j = G/(G−1) · (r_i − mean_g)
+        A_i = r_i − mean_{j≠i} r_j = n_g/(n_g−1) · (r_i − mean_g)
 
-    the baseline of each completion is the mean reward of the other G − 1 completions of the same
-    prompt, so it is independent of the completion and the estimate stays unbiased.
-    ``rewards``: ``[B]``. With G = 1 there are no other completions and no baseline: the advantages
-    are all 0 (no learning signal), not NaN. Raises ValueError if B is not a multiple of ``group_size``.
+    the baseline of each completion is the mean reward of the other n_g − 1 completions of its group (``group_ids``
+    ``[B]``, or contiguous groups of ``group_size``), so it is independent of the completion and the estimate stays
+    unbiased. ``rewards``: ``[B]``. A group of one has no other completions and no baseline: its advantage is 0 (no
+    learning signal), not NaN. Raises ValueError if B is not a multiple of ``group_size``.
     """
-    grouped = _grouped(rewards, group_size)  # [B/G, G]
-    if group_size == 1:
-        return torch.zeros_like(grouped).reshape(-1)
-    others_mean = (grouped.sum(dim=-1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others_mean).reshape(-1)
+    rewards, groups = _groups(rewards, group_size, group_ids)
+    grouped = groups.matrix(rewards)  # [K, G]
+    others = (groups.count(grouped) - 1).clamp(min=1)  # [K, 1] n_g − 1
+    others_mean = (groups.sum(grouped) - grouped) / others
+    alone = groups.count(grouped) < 2  # [K, 1]
+    return groups.rows(torch.where(alone, 0.0, grouped - others_mean))
 
 
-def reinforce_pp_baseline(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def reinforce_pp_baseline(
+    scores: torch.Tensor, group_size: int | None = None, *, group_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Score minus the mean score of its group -> ``[B]`` (REINFORCE++-baseline, Hu 2025).
 
         b_i = s_i − mean_g
 
     the baseline of REINFORCE++-baseline; the result is then whitened over the whole batch (see
     :data:`rlhfkit.ops.ADVANTAGE_ESTIMATORS` ``"reinforce_pp_baseline"``). Equals
-    ``grpo_advantages(scores, group_size, scale="none")``. ``scores``: ``[B]``. G = 1 gives zeros.
+    ``grpo_advantages(scores, scale="none")`` with the same groups. ``scores``: ``[B]``; ``group_ids`` ``[B]`` or
+    contiguous groups of ``group_size``. A group of one gives 0.
     """
-    return grpo_advantages(scores, group_size, scale="none")
+    return grpo_advantages(scores, group_size, scale="none", group_ids=group_ids)
 
 
 def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

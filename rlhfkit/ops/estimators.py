@@ -7,7 +7,8 @@ Every estimator is called as
     token_rewards  ``[B, T]``  per-token rewards: the sequence score at its last real token, minus
                                β·KL_t if the KL is in the reward (:func:`rlhfkit.ops.per_token_rewards`)
     mask           ``[B, T]``  1 on real response tokens, 0 on padding
-    config         :class:`AdvantageConfig`, the hyper-parameters (each estimator reads the ones it needs)
+    config         :class:`AdvantageConfig`, the hyper-parameters (each estimator reads the ones it needs) and
+                               the batch's prompt groups (``group_ids`` ``[B]``, or contiguous ``group_size``)
     values         ``[B, T]``  value-head predictions; required where ``needs_critic`` is True, else unused
     advantages     ``[B, T]``  0 on padding
     returns        ``[B, T]``  the value-head target for critic estimators; for critic-free ones the
@@ -22,7 +23,7 @@ and the configs read, so the new name is at once a valid ``--advantage`` choice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -42,7 +43,11 @@ class AdvantageConfig:
     lam: float = 0.95
     """GAE λ ("gae")."""
     group_size: int = 1
-    """Completions per prompt G; rows [k·G, (k+1)·G) share a prompt ("grpo", "rloo", "reinforce_pp_baseline")."""
+    """Completions per prompt G; without ``group_ids``, rows [k·G, (k+1)·G) share a prompt ("grpo", "rloo",
+    "reinforce_pp_baseline")."""
+    group_ids: Tensor | None = field(default=None, compare=False)
+    """``[B]`` LongTensor: the prompt group of each row of the batch (equal ids share a prompt; any order, groups of
+    any size), which the group estimators read instead of ``group_size``; None: contiguous groups of ``group_size``."""
     scale: str = "group"
     """GRPO's reward scaling: "group", "batch" or "none" ("grpo")."""
     eps: float = 1e-4
@@ -112,6 +117,13 @@ def _scores(token_rewards: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.bool(), token_rewards, 0.0).sum(dim=-1)
 
 
+def _group_args(config: AdvantageConfig) -> dict:
+    """How a group estimator is told the groups: ``group_ids`` when the batch names them, else ``group_size``."""
+    if config.group_ids is not None:
+        return {"group_ids": config.group_ids}
+    return {"group_size": config.group_size}
+
+
 def _broadcast(per_sequence: Tensor, mask: Tensor) -> Tensor:
     """``[B]`` -> ``[B, T]``: the row's value on its real tokens, 0 on padding."""
     return per_sequence.unsqueeze(-1) * mask.to(per_sequence.dtype)
@@ -137,7 +149,7 @@ def _sequence(
 def _grpo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """GRPO (Shao et al. 2024) on s_b: :func:`rlhfkit.ops.grpo_advantages` with ``config.scale``, ``eps``."""
     scores = _scores(token_rewards, mask)
-    advantages = grpo_advantages(scores, config.group_size, config.scale, config.eps)
+    advantages = grpo_advantages(scores, scale=config.scale, eps=config.eps, **_group_args(config))
     return _broadcast(advantages, mask), _broadcast(scores, mask)
 
 
@@ -145,7 +157,7 @@ def _grpo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: 
 def _rloo(token_rewards: Tensor, mask: Tensor, config: AdvantageConfig, values: Tensor | None) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024) on s_b: :func:`rlhfkit.ops.rloo_advantages`."""
     scores = _scores(token_rewards, mask)
-    return _broadcast(rloo_advantages(scores, config.group_size), mask), _broadcast(scores, mask)
+    return _broadcast(rloo_advantages(scores, **_group_args(config)), mask), _broadcast(scores, mask)
 
 
 @register_advantage_estimator("reinforce_pp")
@@ -162,5 +174,5 @@ def _reinforce_pp_baseline(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025): s_b − mean_g broadcast over real tokens, then whitened over the batch."""
     scores = _scores(token_rewards, mask)
-    centred = _broadcast(reinforce_pp_baseline(scores, config.group_size), mask)
+    centred = _broadcast(reinforce_pp_baseline(scores, **_group_args(config)), mask)
     return masked_whiten(centred, mask) * mask.to(centred.dtype), _broadcast(scores, mask)

@@ -1,9 +1,13 @@
-"""Step 8 of the online loop: metrics of a rollout, sample generations, and the held-out gold judge."""
+"""Step 8 of the online loop: metrics of a rollout, the step's timings, sample generations, and the held-out
+gold judge."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -18,6 +22,15 @@ from rlhfkit.trainers.online.rollout import Rollout
 
 GOLD_PROMPTS = 64  # held-out prompts sampled for reward/gold
 SAMPLES_PER_STEP = 4
+
+
+@contextmanager
+def timed(metrics: dict[str, float], name: str) -> Iterator[None]:
+    """``metrics[name]``: the wall-clock seconds the ``with`` block took (``time/generate_s``, ``time/step_s``, ...),
+    written as the block ends, also by a ``return`` inside it; a block that raises records nothing."""
+    start = time.perf_counter()
+    yield
+    metrics[name] = time.perf_counter() - start
 
 
 def rollout_metrics(r: Rollout, kl_coef: float) -> dict[str, float]:

@@ -2,8 +2,9 @@
 the sampled tokens (``Completions``), the rollout (``Rollout``), steps 1-6's result (``Experience``) and the
 step's (``StepResult``).
 
-A rollout holds one step's experience. Shapes: ``B`` completions (G per prompt, a group's rows contiguous),
-``P`` prompt tokens (left-padded), ``T`` response tokens (right-padded after the first EOS).
+A rollout holds one step's experience. Shapes: ``B`` completions (G per prompt; ``group_ids`` names each row's
+prompt group, which the group advantages of steps 5-6 read rather than the rows' order), ``P`` prompt tokens
+(left-padded), ``T`` response tokens (right-padded after the first EOS).
 
 A multi-turn rollout's "response" is the whole conversation after the first prompt: the policy's replies with
 the tool and environment messages spliced between them. ``response_mask`` covers all of it (the forward passes
@@ -31,7 +32,7 @@ class PromptBatch:
     prompts, prompt_ids: ``[B]`` prompt (text or messages) and its token ids; rows: the 0-based data row of
     each; columns: the rows' other fields as lists aligned with ``prompts``; group_ids: ``[B]`` the group of
     each row (rows ``[k*G, (k+1)*G)`` form group ``first_group + k``; with several processes the groups are
-    numbered over the whole step)."""
+    numbered over the whole step), which becomes ``Rollout.group_ids``."""
 
     def __init__(
         self, examples: list, prompt_ids: list[list[int]], index: list[int], group_size: int, first_group: int = 0
@@ -84,7 +85,7 @@ class Rollout:
     response_mask: torch.Tensor  # [B, T] 1 on real response tokens (EOS included)
     action_mask: torch.Tensor  # [B, T] 1 on the tokens the policy sampled (multi-turn: not tools' or env's)
     loss_mask: torch.Tensor  # [B, T] action_mask less the rows left out of the update
-    group_ids: torch.Tensor  # [B]    the prompt group of each row
+    group_ids: torch.Tensor  # [B]    LongTensor: the prompt group of each row, numbered over the whole step
     scores: torch.Tensor  # [B]    reward used in the update (weighted, normalised, penalised, clipped)
     raw_scores: torch.Tensor  # [B]    weighted sum of the rewards as they come (NaN where none applies)
     valid: torch.Tensor  # [B]    bool: some reward applies to the row

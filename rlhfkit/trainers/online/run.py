@@ -7,7 +7,6 @@ import copy
 
 import torch
 
-from rlhfkit import ops
 from rlhfkit.config.online import OnlineConfig
 from rlhfkit.data.encode import encode_prompt
 from rlhfkit.data.lengths import check_generation_fits, encode_prompts
@@ -224,10 +223,6 @@ def train(cfg: OnlineConfig, scorer=None) -> dict:
         if rollout is not None and (step % cfg.monitor.sample_steps == 0 or step == steps):
             messages = gather_objects(trainer.last_messages) if trainer.last_messages is not None else None
             samples.write(step, gather_objects(batch.prompts), rollout, tokenizer, ranks.world, messages)
-        if cfg.kl.ref_update_steps and step % cfg.kl.ref_update_steps == 0:
-            trainer.refresh_reference()
-        if cfg.kl.ref_ema:
-            ops.ema_update(trainer.ref_model, trainer.policy, cfg.kl.ref_ema)
         state = lambda: {**trainer.state_dict(stream), "monitor": monitor.state_dict()}  # noqa: E731
         if session.save_due(step, cfg.run):
             session.save(step, trainer.checkpoint_models(), state(), trainer.optimizer)

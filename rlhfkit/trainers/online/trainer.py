@@ -1,6 +1,8 @@
 """`rlhfkit ppo`, `rlhfkit grpo`, `rlhfkit rloo`: one online-RL loop, the algorithm a choice of options.
 
 One step (``OnlineTrainer.step``) is the loop of the RLHF literature, each step one call:
+  0. a reference that follows the policy takes the last step's update: a copy of the policy every
+     --ref-update-steps steps, or its EMA with --ref-ema                          ``OnlineTrainer.move_reference``
   1. generate G completions per prompt with the current policy                      ``rollout.sample``
   2. reward them (reward model, Python functions, a task's judge; weighted)          ``rewards.Rewards``
   3. log-probs under the rollout ("old") policy and, when a KL term needs it, the frozen reference
@@ -20,7 +22,6 @@ passes) is ``rlhfkit.accel.online.OnlineAccel``, called at fixed points of the s
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
@@ -34,7 +35,7 @@ from rlhfkit.models.lora import adapters_off
 from rlhfkit.multiturn.rollout import MultiTurn
 from rlhfkit.trainers.online import advantages
 from rlhfkit.trainers.online.policy import ActorCritic, ActorCriticOutput, Networks
-from rlhfkit.trainers.online.reporting import reward_metrics, rollout_metrics
+from rlhfkit.trainers.online.reporting import reward_metrics, rollout_metrics, timed
 from rlhfkit.trainers.online.rewards import RewardOutput, Rewards
 from rlhfkit.trainers.online.rollout import (
     Completions,
@@ -108,6 +109,8 @@ class OnlineTrainer:
         )
         self.shuffle = torch.Generator().manual_seed(cfg.run.seed)  # minibatch order
         self.bad_steps = 0
+        self.steps_done = session.start_step  # steps run so far, a resumed run's included
+        self.reference_behind = False  # the reference has yet to take the last step's update (step 0)
         # the most policy tokens of a row (the length a Dr. GRPO token sum is normalised by)
         max_tokens = self.gen.max_new_tokens * (cfg.multiturn.max_turns if multiturn is not None else 1)
         self.update = PPOUpdate(
@@ -196,57 +199,56 @@ class OnlineTrainer:
 
     @torch.no_grad()
     def make_rollout(self, batch: PromptBatch) -> Experience:
-        """Steps 1-6 for a batch of prompts, each already repeated G times (rows of a group contiguous)."""
+        """Steps 1-6 for a batch of prompts, each already repeated G times (``batch.group_ids`` names each row's
+        prompt group)."""
         metrics: dict[str, float] = {}
-        step_start = phase_start = time.perf_counter()
-        # 1. Generate (multi-turn: play the conversations, tools and environment answering between replies).
-        self.actor_critic.eval()
-        with engines.gathered_for_generation(self.accelerator, self.actor_critic):
-            sampled = sample(
-                self.policy,
-                self.tokenizer,
-                batch,
-                self.gen,
-                self.device,
-                self.multiturn,
-                self.rewards.env_weight,
-                self.engine,
+        with timed(metrics, "time/rollout_s"):
+            # 1. Generate (multi-turn: play the conversations, tools and environment answering between replies).
+            with timed(metrics, "time/generate_s"):
+                self.actor_critic.eval()
+                with engines.gathered_for_generation(self.accelerator, self.actor_critic):
+                    sampled = sample(
+                        self.policy,
+                        self.tokenizer,
+                        batch,
+                        self.gen,
+                        self.device,
+                        self.multiturn,
+                        self.rewards.env_weight,
+                        self.engine,
+                    )
+                self.last_messages = sampled.messages
+                metrics.update(sampled.metrics)
+                self.accel.after_sampling()
+            # 2. Reward.
+            with timed(metrics, "time/score_s"):
+                reward = self.rewards(sampled.reward_batch)
+                components = {k: gather_rows(self.accelerator, v.to(self.device)) for k, v in reward.components.items()}
+            # 3-4. Old log-probs and values (one pass), reference log-probs.
+            with timed(metrics, "time/forward_s"):
+                c = sampled.completions
+                old, ref_logprobs, first_pass = self.score_tokens(c)
+                local = self.new_rollout(c, reward, batch, old, ref_logprobs)
+                if local.engine_logprobs is not None:  # the sampling engine's view of the same tokens
+                    gap = ops.logprob_gap(old.logprobs, local.engine_logprobs, c.action_mask)
+                    metrics["rollout/logprob_diff"] = float(gap)
+            # 5-6. Per-token rewards and advantages need the whole batch (group and batch statistics, whitening):
+            # with several processes every rank gathers every rank's rows and computes them exactly as one process
+            # would, then keeps its own.
+            everyone = self.assign_rewards_and_advantages(
+                gather_rollout(self.accelerator, local, self.tokenizer.pad_token_id), metrics
             )
-        self.last_messages = sampled.messages
-        metrics.update(sampled.metrics)
-        self.accel.after_sampling()
-        metrics["time/generate_s"] = time.perf_counter() - phase_start
-        # 2. Reward.
-        phase_start = time.perf_counter()
-        reward = self.rewards(sampled.reward_batch)
-        components = {k: gather_rows(self.accelerator, v.to(self.device)) for k, v in reward.components.items()}
-        metrics["time/score_s"] = time.perf_counter() - phase_start
-        # 3-4. Old log-probs and values (one pass), reference log-probs.
-        phase_start = time.perf_counter()
-        c = sampled.completions
-        old, ref_logprobs, first_pass = self.score_tokens(c)
-        local = self.new_rollout(c, reward, batch, old, ref_logprobs)
-        if local.engine_logprobs is not None:  # the sampling engine's view of the same tokens
-            metrics["rollout/logprob_diff"] = float(ops.logprob_gap(old.logprobs, local.engine_logprobs, c.action_mask))
-        metrics["time/forward_s"] = time.perf_counter() - phase_start
-        # 5-6. Per-token rewards and advantages need the whole batch (group and batch statistics, whitening): with
-        # several processes every rank gathers every rank's rows and computes them exactly as one process would,
-        # then keeps its own.
-        everyone = self.assign_rewards_and_advantages(
-            gather_rollout(self.accelerator, local, self.tokenizer.pad_token_id), metrics
-        )
-        metrics.update(reward_metrics(components, everyone.valid, self.cfg.algorithm))
-        rows = torch.arange(len(batch.rows), device=self.device) + self.session.ranks.rank * len(batch.rows)
-        mine, T = everyone.select(rows), local.n_response  # the gathered batch may be wider than this process's
-        rollout = replace(
-            local,
-            loss_mask=mine.loss_mask[:, :T],
-            scores=mine.scores,
-            rewards=mine.rewards[:, :T],
-            advantages=mine.advantages[:, :T],
-            returns=mine.returns[:, :T],
-        )
-        metrics["time/rollout_s"] = time.perf_counter() - step_start
+            metrics.update(reward_metrics(components, everyone.valid, self.cfg.algorithm))
+            rows = torch.arange(len(batch.rows), device=self.device) + self.session.ranks.rank * len(batch.rows)
+            mine, T = everyone.select(rows), local.n_response  # the gathered batch may be wider than this process's
+            rollout = replace(
+                local,
+                loss_mask=mine.loss_mask[:, :T],
+                scores=mine.scores,
+                rewards=mine.rewards[:, :T],
+                advantages=mine.advantages[:, :T],
+                returns=mine.returns[:, :T],
+            )
         return Experience(rollout, everyone, first_pass, metrics)
 
     def new_rollout(self, c: Completions, reward: RewardOutput, batch: PromptBatch, old, ref_logprobs) -> Rollout:
@@ -276,35 +278,39 @@ class OnlineTrainer:
 
     # ---- the step ----------------------------------------------------------------------------------
     def step(self, batch: PromptBatch) -> StepResult:
-        """Steps 1-8 on one batch of prompts (repeated G times); returns the step's metrics and the whole batch's
+        """Steps 0-8 on one batch of prompts (repeated G times); returns the step's metrics and the whole batch's
         rollout, or an empty result when a non-finite reward or loss made the step skip its update."""
-        step_start = time.perf_counter()
-        # the rate this step's first update uses (as the other trainers log it: the rate of the step, not the next)
-        learning_rate = self.scheduler.get_last_lr()[0]
-        # 1-6. Generate, reward, log-probs and values, per-token rewards and advantages.
-        experience = self.make_rollout(batch)
-        if not experience.finite:
-            return self._skip("reward")
-        self.accel.after_rollout()
-        # 7. Epochs over minibatches.
-        phase_start = time.perf_counter()
-        train_stats = self.update.train_epochs(experience.rollout, self.kl_in_loss_coef, experience.first_pass)
-        experience.first_pass = None  # spent by epoch 1
-        if train_stats is None:
-            return self._skip("loss")
-        self.bad_steps = 0
-        if self.engine is not None:
-            self.engine.updated()  # the engine loads the new weights before it samples again
-        metrics = experience.metrics
-        metrics["time/update_s"] = time.perf_counter() - phase_start
-        # 8. Control and log: the experience metrics and beta's update come from the whole batch (the same on
-        # every process); the loss terms and timings are averaged over processes.
-        metrics = reduce_mean(self.accelerator, {**metrics, **train_stats})
-        metrics = {**rollout_metrics(experience.everyone, self.kl_ctl.value), **metrics}
-        if self.has_reference:
-            self.kl_ctl.update(metrics["kl/ref"], n_steps=experience.everyone.scores.shape[0])
-        metrics["learning_rate"] = learning_rate
-        metrics["time/step_s"] = time.perf_counter() - step_start
+        # 0. The reference takes the last step's update. It moves here rather than right after that update, so
+        # that what runs between two steps (the held-out evaluation's KL, a checkpoint) sees the reference the
+        # last step trained against.
+        self.move_reference()
+        self.steps_done += 1
+        self.reference_behind = self.follows_policy
+        metrics: dict[str, float] = {}  # the step's log (left empty when the step skips its update)
+        with timed(metrics, "time/step_s"):
+            # the rate of this step's first update (as the other trainers log it: this step's, not the next one's)
+            learning_rate = self.scheduler.get_last_lr()[0]
+            # 1-6. Generate, reward, log-probs and values, per-token rewards and advantages.
+            experience = self.make_rollout(batch)
+            if not experience.finite:
+                return self._skip("reward")
+            self.accel.after_rollout()
+            # 7. Epochs over minibatches.
+            with timed(experience.metrics, "time/update_s"):
+                train_stats = self.update.train_epochs(experience.rollout, self.kl_in_loss_coef, experience.first_pass)
+                experience.first_pass = None  # spent by epoch 1
+                if train_stats is None:
+                    return self._skip("loss")
+                self.bad_steps = 0
+                if self.engine is not None:
+                    self.engine.updated()  # the engine loads the new weights before it samples again
+            # 8. Control and log: the experience metrics and beta's update come from the whole batch (the same on
+            # every process); the loss terms and timings are averaged over processes.
+            metrics.update(rollout_metrics(experience.everyone, self.kl_ctl.value))
+            metrics.update(reduce_mean(self.accelerator, {**experience.metrics, **train_stats}))
+            if self.has_reference:
+                self.kl_ctl.update(metrics["kl/ref"], n_steps=experience.everyone.scores.shape[0])
+            metrics["learning_rate"] = learning_rate
         return StepResult(metrics, experience.everyone)
 
     def _skip(self, what: str) -> StepResult:
@@ -317,9 +323,28 @@ class OnlineTrainer:
             )
         return StepResult()
 
+    # ---- step 0: a reference that follows the policy -------------------------------------------------
+    @property
+    def follows_policy(self) -> bool:
+        """Whether the reference moves with the policy (--ref-update-steps, --ref-ema): the KL penalty then
+        measures the drift from a recent policy rather than from the start."""
+        return bool(self.kl_args.ref_update_steps or self.kl_args.ref_ema)
+
+    def move_reference(self) -> None:
+        """Step 0: the reference takes the update of step ``steps_done`` when it has not yet: the policy copied
+        into it when that step is a multiple of --ref-update-steps, then with --ref-ema the moving average
+        ref <- (1 - alpha) ref + alpha policy (``ops.ema_update``)."""
+        if not self.reference_behind:
+            return
+        k = self.kl_args
+        if k.ref_update_steps and self.steps_done % k.ref_update_steps == 0:
+            self.refresh_reference()
+        if k.ref_ema:
+            ops.ema_update(self.ref_model, self.policy, k.ref_ema)
+        self.reference_behind = False
+
     def refresh_reference(self) -> None:
-        """Copy the current policy into the frozen reference (an optional step of the loop: the KL penalty then
-        measures the drift from a recent policy rather than from the start)."""
+        """Copy the current policy into the frozen reference."""
         self.ref_model.load_state_dict(self.policy.state_dict())
 
     # ---- checkpoints -------------------------------------------------------------------------------
@@ -336,6 +361,7 @@ class OnlineTrainer:
             "kl_controller": self.kl_ctl.state_dict(),
             "stream": stream.state_dict(),
             "shuffle": self.shuffle.get_state(),
+            "reference_behind": self.reference_behind,
         }
 
     def load_state_dict(self, state: dict, stream: IndexStream) -> None:
@@ -345,6 +371,8 @@ class OnlineTrainer:
         self.kl_ctl.load_state_dict(state["kl_controller"])
         stream.load_state_dict(state["stream"])
         self.shuffle.set_state(state["shuffle"])
+        # a checkpoint without the flag holds a reference that has taken its step's update
+        self.reference_behind = state.get("reference_behind", False)
 
 
 def _detach(x: torch.Tensor | None) -> torch.Tensor | None:

@@ -99,12 +99,15 @@ def evaluate_policy(
         policy, tokenizer, prompt_ids, generation, batch_size, device, logprobs=sampled_logprobs
     )
     texts = [decode(tokenizer, r) for r in responses]
-    rows = [{"prompt": p, "response": t, "tokens": len(r)} for p, t, r in zip(mine, texts, responses)]
+    finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
+    rows = [
+        {"prompt": p, "response": t, "tokens": len(r), "finished": f}
+        for p, t, r, f in zip(mine, texts, responses, finished)
+    ]
     scorer = reward_model
     if isinstance(reward_model, (str, Path)):
         scorer = RewardScorer.load(str(reward_model), device, trust_remote_code) if str(reward_model) else None
     if scorer is not None:
-        finished = ended_with_stop(responses, stop_token_ids(policy, tokenizer))  # cut-off replies: no EOS
         for row, s in zip(rows, scorer.score(mine, texts, finished=finished).mean.tolist()):
             row["score"] = s
     if judge is not None:

@@ -196,6 +196,7 @@ def start(cfg: LabelConfig) -> tuple[Server, Store, dict[str, str]]:
         )
     if not tokens:
         tokens = store.add_annotators([DEFAULT_ANNOTATOR])
+    store.prepare(list(tokens))  # before serving: no one's first page load waits for it
     labeller = LabelApp(store, cfg.label.guidelines)
     try:
         server = Server(labeller.app, host, cfg.serve.port)

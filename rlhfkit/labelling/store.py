@@ -19,6 +19,10 @@ A request id (made by the page, unique per click) is stored with its judgment; t
 Fairness: each annotator walks the pairs in their own random order, and sees each pair's two responses in
 an order drawn for that annotator and pair (``left``, stored with the answer), so neither item order nor
 screen side is shared between people.
+
+Which pairs are still open to whom lives in memory (``open_pairs.OpenPairs``): built from the tables on first
+use, then told every change this store commits, so that a page load or an answer costs the same
+however many answers are stored. Another connection's commit (SQLite's ``data_version``) has it built again.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfkit.errors import UserError, option
 from rlhfkit.labelling.items import Pair
+from rlhfkit.labelling.open_pairs import OpenPairs
 
 CHOICES = ("a", "b", "tie", "both_bad", "skip")
 LEASE_SECONDS = 30 * 60  # a pair on someone's screen is kept from others this long
@@ -54,6 +59,7 @@ CREATE TABLE IF NOT EXISTS judgments (
     choice TEXT NOT NULL CHECK (choice IN ('a', 'b', 'tie', 'both_bad', 'skip')),
     strength TEXT, comment TEXT, shown_at REAL NOT NULL, answered_at REAL NOT NULL, undone_at REAL);
 CREATE UNIQUE INDEX IF NOT EXISTS one_live_answer ON judgments(annotator, item_id) WHERE undone_at IS NULL;
+CREATE INDEX IF NOT EXISTS live_answers_in_order ON judgments(annotator, id) WHERE undone_at IS NULL;
 CREATE TABLE IF NOT EXISTS undos (request_id TEXT PRIMARY KEY, judgment_id INTEGER NOT NULL);
 """
 
@@ -118,7 +124,12 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._seed: int | None = None
+        self._item_ids: list[int] | None = None
         self._orders: dict[str, list[int]] = {}
+        self._open: OpenPairs | None = None  # built on first use (see the module docstring)
+        self._open_version: int | None = None  # the data_version it was built at
+        self.clock = time.time  # what leases are timed by
 
     @contextmanager
     def transaction(self, durable: bool = True) -> Iterator[sqlite3.Connection]:
@@ -186,6 +197,8 @@ class Store:
                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (str(max(labels_per_item, 1)),),
                 )
+            # a new store's pairs and seed, or another labels-per-item
+            self._seed, self._item_ids, self._orders, self._open = None, None, {}, None
 
     def add_annotators(self, names: list[str], tokens: dict[str, str] | None = None) -> dict[str, str]:
         """Give each new name a token (from ``tokens`` where it names one, to keep a link from another store);
@@ -211,17 +224,24 @@ class Store:
 
     @property
     def seed(self) -> int:
-        return int(self.meta("seed") or 0)
+        if self._seed is None:  # set when the store is made, never changed
+            self._seed = int(self.meta("seed") or 0)
+        return self._seed
 
     def item_count(self) -> int:
         return self._read("SELECT COUNT(*) FROM items")[0][0]
 
     # -- what each annotator sees --------------------------------------------------------------------------
 
+    def item_ids(self) -> list[int]:
+        if self._item_ids is None:
+            self._item_ids = [r[0] for r in self._read("SELECT id FROM items ORDER BY id")]
+        return self._item_ids
+
     def order(self, annotator: str) -> list[int]:
         """This annotator's own random order of all pairs (the same after a restart)."""
         if annotator not in self._orders:
-            ids = [r[0] for r in self._read("SELECT id FROM items ORDER BY id")]
+            ids = list(self.item_ids())
             random.Random(f"{self.seed}/order/{annotator}").shuffle(ids)
             self._orders[annotator] = ids
         return self._orders[annotator]
@@ -230,45 +250,60 @@ class Store:
         """Which response this annotator sees on the left for this pair: a fair coin per (annotator, pair)."""
         return "x" if random.Random(f"{self.seed}/side/{annotator}/{item_id}").random() < 0.5 else "y"
 
-    def _open_items(self, db: sqlite3.Connection, annotator: str, now: float) -> list[int]:
-        """Pairs this annotator may still be given, in their order: not answered by them, and with fewer than
-        labels-per-item answers plus other annotators' fresh leases."""
-        mine = {
-            r[0]
-            for r in db.execute("SELECT item_id FROM judgments WHERE annotator = ? AND undone_at IS NULL", (annotator,))
-        }
-        taken: dict[int, int] = {}
-        for r in db.execute(
-            "SELECT item_id, COUNT(*) FROM judgments WHERE undone_at IS NULL AND choice != 'skip' GROUP BY item_id"
-        ):
-            taken[r[0]] = r[1]
-        for r in db.execute(
-            "SELECT item_id FROM current WHERE annotator != ? AND shown_at > ?", (annotator, now - LEASE_SECONDS)
-        ):
-            taken[r[0]] = taken.get(r[0], 0) + 1
-        k = self.labels_per_item
-        return [i for i in self.order(annotator) if i not in mine and taken.get(i, 0) < k]
+    def _open_pairs(self, now: float) -> OpenPairs:
+        """Which pairs are open to whom (the caller holds the lock): built from the tables the first time and
+        after another connection committed, with the leases older than ``now - LEASE_SECONDS`` expired."""
+        version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        if self._open is None or version != self._open_version:
+            self._open = OpenPairs.build(
+                self.item_ids(),
+                self.labels_per_item,
+                self.order,
+                LEASE_SECONDS,
+                self._db.execute("SELECT annotator, item_id, choice FROM judgments WHERE undone_at IS NULL"),
+                self._db.execute("SELECT annotator, item_id, shown_at FROM current"),
+                now,
+            )
+            self._open_version = version
+        self._open.expire(now)
+        return self._open
+
+    def prepare(self, annotators: list[str]) -> None:
+        """Build the open pairs and these annotators' orders now, and walk each past the pairs closed to them
+        (time in the number of pairs and answers), so that their first page load is as quick as the others."""
+        with self._lock:
+            open_pairs = self._open_pairs(self.clock())
+            for annotator in annotators:
+                open_pairs.next_for(annotator)
+
+    def _tell(self, change: Callable, *args) -> None:
+        """Tell the open pairs a change just committed; should that fail, they are built again on next use."""
+        try:
+            change(*args)
+        except BaseException:
+            self._open = None
+            raise
 
     def state(self, annotator: str) -> dict:
         """The annotator's pair on screen (drawing the next one when they have none) and their progress."""
-        now = time.time()
-        with self.transaction(durable=False) as db:
-            cur = db.execute("SELECT item_id, left FROM current WHERE annotator = ?", (annotator,)).fetchone()
-            done = db.execute(
-                "SELECT COUNT(*) FROM judgments WHERE annotator = ? AND undone_at IS NULL", (annotator,)
-            ).fetchone()[0]
-            open_items = self._open_items(db, annotator, now)
-            if cur is None and open_items:
-                item_id = open_items[0]
-                cur = {"item_id": item_id, "left": self.left_for(annotator, item_id)}
-                db.execute(
-                    "INSERT INTO current (annotator, item_id, left, shown_at) VALUES (?, ?, ?, ?)",
-                    (annotator, item_id, cur["left"], now),
-                )
-            remaining = len(open_items) + (1 if cur is not None and cur["item_id"] not in open_items else 0)
-            shown = None if cur is None else self._shown(db, cur["item_id"], cur["left"])
-            can_undo = done > 0
-        return {"item": shown, "progress": {"done": done, "total": done + remaining}, "can_undo": can_undo}
+        now = self.clock()
+        with self._lock:
+            open_pairs = self._open_pairs(now)
+            with self.transaction(durable=False) as db:
+                cur = db.execute("SELECT item_id, left FROM current WHERE annotator = ?", (annotator,)).fetchone()
+                drawn = open_pairs.next_for(annotator) if cur is None else None
+                if drawn is not None:
+                    cur = {"item_id": drawn, "left": self.left_for(annotator, drawn)}
+                    db.execute(
+                        "INSERT INTO current (annotator, item_id, left, shown_at) VALUES (?, ?, ?, ?)",
+                        (annotator, drawn, cur["left"], now),
+                    )
+                shown = None if cur is None else self._shown(db, cur["item_id"], cur["left"])
+            if drawn is not None:
+                self._tell(open_pairs.shown, annotator, drawn, now)
+            done = open_pairs.done(annotator)
+            remaining = open_pairs.remaining(annotator, None if cur is None else cur["item_id"])
+        return {"item": shown, "progress": {"done": done, "total": done + remaining}, "can_undo": done > 0}
 
     def _shown(self, db: sqlite3.Connection, item_id: int, left: str) -> Shown:
         row = db.execute("SELECT prompt, x, y FROM items WHERE id = ?", (item_id,)).fetchone()
@@ -290,46 +325,55 @@ class Store:
         """Store one answer; returns (judgment id, whether this request was new). Durable when it returns."""
         if choice not in CHOICES:
             raise ValueError(f"unknown choice {choice!r}")
-        now = time.time()
-        with self.transaction() as db:
-            seen = db.execute("SELECT id, annotator FROM judgments WHERE request_id = ?", (request_id,)).fetchone()
-            if seen is not None:
-                if seen["annotator"] != annotator:
-                    raise Conflict("this request id belongs to another annotator")
-                return seen["id"], False
-            cur = db.execute("SELECT item_id, left, shown_at FROM current WHERE annotator = ?", (annotator,)).fetchone()
-            if cur is None or cur["item_id"] != item_id:
-                raise Conflict("this pair is no longer the one on your screen; the page shows the current one")
-            judgment_id = db.execute(
-                "INSERT INTO judgments (request_id, annotator, item_id, left, choice, strength, comment, shown_at, "
-                "answered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (request_id, annotator, item_id, cur["left"], choice, strength, comment or None, cur["shown_at"], now),
-            ).lastrowid
-            db.execute("DELETE FROM current WHERE annotator = ?", (annotator,))
+        now = self.clock()
+        with self._lock:
+            open_pairs = self._open_pairs(now)
+            with self.transaction() as db:
+                seen = db.execute("SELECT id, annotator FROM judgments WHERE request_id = ?", (request_id,)).fetchone()
+                if seen is not None:
+                    if seen["annotator"] != annotator:
+                        raise Conflict("this request id belongs to another annotator")
+                    return seen["id"], False
+                cur = db.execute(
+                    "SELECT item_id, left, shown_at FROM current WHERE annotator = ?", (annotator,)
+                ).fetchone()
+                if cur is None or cur["item_id"] != item_id:
+                    raise Conflict("this pair is no longer the one on your screen; the page shows the current one")
+                answer = (request_id, annotator, item_id, cur["left"], choice, strength, comment or None)
+                judgment_id = db.execute(
+                    "INSERT INTO judgments (request_id, annotator, item_id, left, choice, strength, comment, "
+                    "shown_at, answered_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (*answer, cur["shown_at"], now),
+                ).lastrowid
+                db.execute("DELETE FROM current WHERE annotator = ?", (annotator,))
+            self._tell(open_pairs.answered, annotator, item_id, choice)
         return judgment_id, True
 
     def undo(self, annotator: str, request_id: str) -> bool:
         """Withdraw the annotator's latest live answer and put its pair back on their screen (same sides).
         Returns whether this request was new; raises Conflict when there is nothing to undo."""
-        now = time.time()
-        with self.transaction() as db:
-            if db.execute("SELECT 1 FROM undos WHERE request_id = ?", (request_id,)).fetchone():
-                return False
-            last = db.execute(
-                "SELECT id, item_id, left FROM judgments WHERE annotator = ? AND undone_at IS NULL "
-                "ORDER BY id DESC LIMIT 1",
-                (annotator,),
-            ).fetchone()
-            if last is None:
-                raise Conflict("nothing to undo")
-            db.execute("UPDATE judgments SET undone_at = ? WHERE id = ?", (now, last["id"]))
-            db.execute(
-                "INSERT INTO current (annotator, item_id, left, shown_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(annotator) DO UPDATE SET item_id = excluded.item_id, left = excluded.left, "
-                "shown_at = excluded.shown_at",
-                (annotator, last["item_id"], last["left"], now),
-            )
-            db.execute("INSERT INTO undos (request_id, judgment_id) VALUES (?, ?)", (request_id, last["id"]))
+        now = self.clock()
+        with self._lock:
+            open_pairs = self._open_pairs(now)
+            with self.transaction() as db:
+                if db.execute("SELECT 1 FROM undos WHERE request_id = ?", (request_id,)).fetchone():
+                    return False
+                last = db.execute(
+                    "SELECT id, item_id, left, choice FROM judgments WHERE annotator = ? AND undone_at IS NULL "
+                    "ORDER BY id DESC LIMIT 1",
+                    (annotator,),
+                ).fetchone()
+                if last is None:
+                    raise Conflict("nothing to undo")
+                db.execute("UPDATE judgments SET undone_at = ? WHERE id = ?", (now, last["id"]))
+                db.execute(
+                    "INSERT INTO current (annotator, item_id, left, shown_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(annotator) DO UPDATE SET item_id = excluded.item_id, left = excluded.left, "
+                    "shown_at = excluded.shown_at",
+                    (annotator, last["item_id"], last["left"], now),
+                )
+                db.execute("INSERT INTO undos (request_id, judgment_id) VALUES (?, ?)", (request_id, last["id"]))
+            self._tell(open_pairs.withdrawn, annotator, last["item_id"], last["choice"], now)
         return True
 
     # -- reading everything back ---------------------------------------------------------------------------

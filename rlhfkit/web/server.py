@@ -3,17 +3,19 @@
 ``web_app`` builds a Starlette app whose middleware checks every request before a route sees it:
 
 - ``Guard``: the ``Host`` header must name this server (a page on another site cannot reach it through DNS
-  rebinding); a state-changing request (POST) must be same-origin (its ``Origin`` and ``Sec-Fetch-Site``,
-  which browsers send, must be this server) with a ``Content-Length`` of at most ``MAX_BODY`` bytes; and every
-  response carries a Content-Security-Policy that allows scripts and styles from this server's own files only
-  (no inline script, nothing from elsewhere), and ``Referrer-Policy: no-referrer`` so that the annotators'
-  token URLs never leak;
+  rebinding; Starlette's ``TrustedHostMiddleware`` checks the name, ``Guard`` the port); a state-changing
+  request (POST) must be same-origin (its ``Origin`` and ``Sec-Fetch-Site``, which browsers send, must be this
+  server) with a ``Content-Length`` of at most ``MAX_BODY`` bytes; every response carries a
+  Content-Security-Policy that allows scripts and styles from this server's own files only (no inline script,
+  nothing from elsewhere), and ``Referrer-Policy: no-referrer`` so that the annotators' token URLs never leak;
+  and a bug anywhere behind it becomes a 500 with a JSON answer and a traceback in the log;
 - ``CsrfGuard`` (where the app passes ``csrf``): a POST must carry the ``X-CSRF-Token`` its page was given.
 
-Routes are plain functions of a Starlette ``Request`` run in a worker thread (the label store is blocking
-SQLite), after the body is read; they end a request early by raising ``HttpError``. ``Server`` serves an app
-on a socket bound at once (so ``port=0`` has its number before serving), in the calling thread until Ctrl-C
-(``serve_forever``) or in a background thread until ``stop`` (``start``).
+A route's ``{token}`` parameter is a secret (an annotator's private link): the log and the error answers never
+show it (``redact``). Routes are plain functions of a Starlette ``Request`` run in a worker thread (the label
+store is blocking SQLite), after the body is read; they end a request early by raising ``HttpError``.
+``Server`` serves an app on a socket bound at once (so ``port=0`` has its number before serving), in the
+calling thread until Ctrl-C (``serve_forever``) or in a background thread until ``stop`` (``start``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import html
 import ipaddress
 import json
 import logging
+import re
 import signal
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from string import Template
@@ -38,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -61,6 +66,10 @@ SECURITY_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 CONTENT_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml", ".png": "image/png"}
+SECRET_PARAMS = ("token",)  # route parameters that are secrets: never logged
+REDACTED = "<token>"
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")  # a path parameter in a route's template: {name} or {name:type}
 Handler = Callable[[Request], Response]
 
 
@@ -111,7 +120,7 @@ def static_file(name: str) -> Response:
 
 def route(path: str, handler: Handler, method: str = "GET") -> Route:
     """A Starlette route calling ``handler(request)`` in a worker thread, the body already read; an
-    ``HttpError`` becomes its JSON answer, any other exception a 500 (and a traceback in the log)."""
+    ``HttpError`` becomes its JSON answer, any other exception a 500 (``Guard``'s)."""
 
     async def endpoint(request: Request) -> Response:
         request.state.body = await request.body() if method == "POST" else b""
@@ -119,11 +128,30 @@ def route(path: str, handler: Handler, method: str = "GET") -> Route:
             return await run_in_threadpool(handler, request)
         except HttpError as exc:
             return json_response({"error": exc.message}, exc.status)
-        except Exception:  # a bug: the page gets a 500 and the log the traceback, the server goes on
-            logger.exception("%s %s failed", request.method, request.url.path)
-            return json_response({"error": "internal error (see the server's console)"}, 500)
 
     return Route(path, endpoint, methods=[method])
+
+
+def secrets_of(scope: Scope) -> list[str]:
+    """The parts of the request's path that stand where a route of the app has a secret parameter
+    (``SECRET_PARAMS``) after the same leading parts, whether or not the rest of the path matches (a mistyped
+    page of a real link hides its token too)."""
+    parts = scope["path"].split("/")
+    found = []
+    for candidate in scope["app"].router.routes:
+        template = getattr(candidate, "path", "").split("/")
+        for i, part in enumerate(template[: len(parts)]):
+            param = _PARAM.fullmatch(part)
+            if param and param.group(1) in SECRET_PARAMS and template[:i] == parts[:i] and parts[i]:
+                found.append(parts[i])
+    return found
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``REDACTED`` (the longest first)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def web_app(routes: list[Route], csrf: Callable[[str], str | None] | None = None) -> Starlette:
@@ -141,10 +169,10 @@ def web_app(routes: list[Route], csrf: Callable[[str], str | None] | None = None
         middleware.append(Middleware(CsrfGuard, expected=csrf))
     statics = route("/static/{name}", lambda req: static_file(req.path_params["name"]))
     app = Starlette(routes=[*routes, statics], middleware=middleware, exception_handlers={HTTPException: http_error})
-    # Host headers accepted: none until served; then the loopback names of the port served on, or None (any) on
-    # other interfaces, where the names people reach the machine by are unknown and the annotator tokens guard
-    # the pages.
-    app.state.allowed_hosts = set()
+    # Host headers accepted: none until served; then the loopback names with the port served on, or None (any)
+    # on other interfaces, where the names people reach the machine by are unknown and the annotator tokens
+    # guard the pages.
+    app.state.allowed_hosts, app.state.port = [], None
     return app
 
 
@@ -153,8 +181,8 @@ async def _refuse(status: int, message: str, scope: Scope, receive: Receive, sen
 
 
 class Guard:
-    """Host allow-list, same-origin and sized POSTs, and the security headers on every response (see the
-    module docstring)."""
+    """Host allow-list, same-origin and sized POSTs, the security headers on every response, and a 500 for a
+    bug behind it (see the module docstring)."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -162,9 +190,12 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        started = False
 
         async def send_secured(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = MutableHeaders(scope=message)
                 for key, value in SECURITY_HEADERS.items():
                     headers[key] = value
@@ -172,18 +203,46 @@ class Guard:
                     headers["Cache-Control"] = "no-store"
             await send(message)
 
-        refused = self.check(scope)
+        refused = await self.check(scope, receive)
         if refused is not None:
             return await _refuse(*refused, scope, receive, send_secured)
-        await self.app(scope, receive, send_secured)
+        try:
+            await self.app(scope, receive, send_secured)
+        except Exception as exc:  # a bug: the page gets a 500 and the log the traceback, the server goes on
+            secrets = secrets_of(scope)
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            logger.error("%s %s failed\n%s", scope["method"], redact(scope["path"], secrets), redact(trace, secrets))
+            if not started:
+                await json_response({"error": "internal error (see the server's console)"}, 500)(
+                    scope, receive, send_secured
+                )
 
     @staticmethod
-    def check(scope: Scope) -> tuple[int, str] | None:
+    async def host_allowed(scope: Scope, receive: Receive) -> bool:
+        """Whether the ``Host`` header names this server: its name by Starlette's ``TrustedHostMiddleware``
+        (which answers a refusal itself; Guard answers its own instead), its port by Guard."""
+        state = scope["app"].state
+        if state.allowed_hosts is None:
+            return True
+        passed = False
+
+        async def allowed(scope: Scope, receive: Receive, send: Send) -> None:
+            nonlocal passed
+            passed = True
+
+        async def discard(message: Message) -> None:
+            pass
+
+        await TrustedHostMiddleware(allowed, state.allowed_hosts, www_redirect=False)(scope, receive, discard)
+        port = (Headers(scope=scope).get("host") or "").rpartition(":")[2]
+        return passed and port == str(state.port)
+
+    @classmethod
+    async def check(cls, scope: Scope, receive: Receive) -> tuple[int, str] | None:
+        if not await cls.host_allowed(scope, receive):
+            return 421, "unknown Host header: open the address the server printed"
         headers = Headers(scope=scope)
         host = (headers.get("host") or "").lower()
-        allowed = scope["app"].state.allowed_hosts
-        if allowed is not None and host not in allowed:
-            return 421, "unknown Host header: open the address the server printed"
         if scope["method"] != "POST":
             return None
         origin = headers.get("origin")
@@ -230,10 +289,6 @@ def host_is_any(host: str) -> bool:
     return host in ("0.0.0.0", "::", "")
 
 
-def _loopback_host_names(port: int) -> set[str]:
-    return {f"{name}:{port}" for name in ("localhost", "127.0.0.1", "[::1]")}
-
-
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server, remembering the first signal that stopped it."""
 
@@ -257,7 +312,8 @@ class Server:
             raise UserError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
         self.host = host
         self.port = self.socket.getsockname()[1]
-        app.state.allowed_hosts = _loopback_host_names(self.port) if is_loopback(host) else None
+        app.state.allowed_hosts = list(LOOPBACK_NAMES) if is_loopback(host) else None
+        app.state.port = self.port
         config = uvicorn.Config(
             app,
             lifespan="off",

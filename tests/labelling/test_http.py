@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import sqlite3
+import urllib.error
 import urllib.request
 
 import pytest
 
 from rlhfkit.errors import UserError
 from rlhfkit.labelling.app import run, start
+from rlhfkit.web.server import REDACTED
 from tests.helpers import run_cli, write_jsonl
 
 from .label_helpers import Client, candidate_rows, label_config, serve
@@ -91,6 +95,24 @@ def test_size_limits_content_type_and_unknown_links(running, alice):
     comment = "fine\n" * 10
     code, _ = alice.judge("b", comment=comment, strength="slightly")
     assert code == 200 and running.store.judgments()[0].comment == comment.strip()
+
+
+def test_a_failing_request_on_an_annotators_link_shows_the_token_in_no_log_and_no_answer(
+    running, alice, caplog, monkeypatch
+):
+    def broken(annotator):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(running.store, "state", broken)
+    token = running.tokens["alice"]
+    with caplog.at_level(logging.DEBUG):
+        failed = alice.request("GET", "state")
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"{running.url('alice')}/nope")
+    assert failed[0] == 500 and missing.value.code == 404
+    assert token not in json.dumps(failed[1]) and token not in missing.value.read().decode()
+    assert token not in caplog.text + "".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert f"GET /api/{REDACTED}/state failed" in caplog.text and "OperationalError: disk I/O error" in caplog.text
 
 
 def test_binding_beyond_this_machine_needs_named_annotators(tmp_path):

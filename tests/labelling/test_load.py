@@ -1,6 +1,6 @@
-"""Load and faults: 20 annotators answering at once over HTTP for a few seconds (bench/label_load.py), and the
-server killed (SIGKILL) in the middle and started again on the same output folder; every acknowledged answer
-must be stored exactly once, and exported."""
+"""Load and faults: 20 annotators answering at once over HTTP for a few seconds on a store of 45,000 answers
+(bench/label_load.py), and the server killed (SIGKILL) in the middle and started again on the same output folder;
+every acknowledged answer must be stored exactly once, and exported, and the 99th-percentile wait stays short."""
 
 from __future__ import annotations
 
@@ -100,13 +100,23 @@ def test_concurrent_annotators_survive_a_kill_and_restart(tmp_path):
     print(f"{len(all_acked)} acknowledged, {len(stored)} stored, killed after {acked_at_kill}, {seconds:.1f} s")
 
 
-def test_twenty_annotators_for_a_few_seconds_lose_nothing(tmp_path):
-    """bench/label_load.py's run, short: every acknowledged label is in the export, nothing failed, and Ctrl-C
-    stopped the server cleanly."""
-    result = label_load.run_load(annotators=20, seconds=3.0, pairs=3000, work=tmp_path)
+STORED = 45_000  # answers in the store before the run: 5,000 pairs with 10 labels each, nine-tenths given
+# 99th-percentile wait allowed: measured 70-90 ms on a busy 2-core machine (180 ms at its busiest); a store that
+# scans every answer per request takes 2-3 s here (and fewer than 100 labels)
+MAX_P99_MS = 1500
+
+
+def test_twenty_annotators_for_a_few_seconds_on_a_well_labelled_store_lose_nothing_and_wait_little(tmp_path):
+    """bench/label_load.py's run, short, on a store already holding 45,000 answers: every acknowledged label is in
+    the export beside the stored ones, nothing failed, Ctrl-C stopped the server cleanly, and answers and page
+    loads stay quick (a store that scanned every answer for each request takes seconds here)."""
+    result = label_load.run_load(
+        annotators=20, seconds=3.0, pairs=5000, work=tmp_path, judgments=STORED, reload_every=5, labels_per_item=10
+    )
     assert result["errors"] == 0, result["error_messages"]
     assert result["missing"] == 0 and result["extra"] == 0
     assert result["labels"] >= 100 and result["ran_out_of_pairs"] == 0
     assert result["p50_ms"] is not None and result["p99_ms"] >= result["p50_ms"]
+    assert result["p99_ms"] < MAX_P99_MS and result["page_p99_ms"] < MAX_P99_MS, result
     assert result["server_exit_code"] == 130  # stopped by SIGINT, as after Ctrl-C
-    assert len((tmp_path / "labels" / "prefs.jsonl").read_text().splitlines()) == result["labels"]
+    assert len((tmp_path / "labels" / "prefs.jsonl").read_text().splitlines()) == STORED + result["labels"]

@@ -6,12 +6,13 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import secrets
 import socket
 
 import pytest
 
 from rlhfkit.errors import UserError
-from rlhfkit.web.server import CSP, MAX_BODY, HttpError, Server, json_body, json_response, route, web_app
+from rlhfkit.web.server import CSP, MAX_BODY, REDACTED, HttpError, Server, json_body, json_response, route, web_app
 
 
 def echo(request):
@@ -26,10 +27,26 @@ def refuse(request):
     raise HttpError(409, "not now")
 
 
+def boom_for_token(request):
+    raise RuntimeError(f"no annotator for {request.path_params['token']}")
+
+
+def expected_csrf(path: str) -> str | None:
+    if path.startswith("/api/"):
+        raise RuntimeError(f"cannot look up {path}")  # a bug in a middleware, the path in its message
+    return "s3cret" if path == "/echo" else None
+
+
 @pytest.fixture
 def server():
-    routes = [route("/echo", echo, "POST"), route("/boom", boom), route("/refuse", refuse)]
-    app = web_app(routes, csrf=lambda path: "s3cret" if path == "/echo" else None)
+    routes = [
+        route("/echo", echo, "POST"),
+        route("/boom", boom),
+        route("/refuse", refuse),
+        route("/a/{token}/boom", boom_for_token),
+        route("/api/{token}/echo", echo, "POST"),
+    ]
+    app = web_app(routes, csrf=expected_csrf)
     running = Server(app, "127.0.0.1", 0).start()
     yield running
     running.stop()
@@ -103,8 +120,31 @@ def test_a_bug_is_a_500_with_a_json_answer_and_a_logged_traceback(server, caplog
     with caplog.at_level(logging.ERROR, logger="rlhfkit.web.server"):
         status, _, answer = call(server, "GET", "/boom", headers={"Host": f"127.0.0.1:{server.port}"})
     assert status == 500 and "internal error" in answer["error"]
-    assert any("RuntimeError: a bug" in (r.exc_text or "") for r in caplog.records)
+    assert any("GET /boom failed" in r.getMessage() and "RuntimeError: a bug" in r.getMessage() for r in caplog.records)
     assert call(server, "GET", "/refuse", headers={"Host": f"127.0.0.1:{server.port}"})[0] == 409  # it goes on
+
+
+def test_a_failed_request_leaves_its_token_out_of_the_log_and_of_the_answer(server, caplog):
+    """A bug in a route, a bug in a middleware (on a path of a route and on one of none) and an unknown page,
+    each on a path holding a token (the bugs with the token in their message): the token is in no log record of
+    any logger, in no answer."""
+    token = secrets.token_urlsafe(18)
+    host = {"Host": f"127.0.0.1:{server.port}"}
+    with caplog.at_level(logging.DEBUG):
+        answers = [
+            call(server, "GET", f"/a/{token}/boom", headers=host),
+            call(server, "POST", f"/api/{token}/echo", {"x": 1}, good(server)),
+            call(server, "POST", f"/api/{token}/nope", {"x": 1}, good(server)),  # no such route: the same bug
+            call(server, "GET", f"/a/{token}/nope", headers=host),
+        ]
+    assert [status for status, _, _ in answers] == [500, 500, 500, 404]
+    for _, headers, answer in answers:
+        assert token not in json.dumps(answer) and token not in str(headers)
+    logged = caplog.text + "".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
+    assert token not in logged
+    assert f"GET /a/{REDACTED}/boom failed" in logged and f"RuntimeError: no annotator for {REDACTED}" in logged
+    assert f"POST /api/{REDACTED}/echo failed" in logged and f"cannot look up /api/{REDACTED}/echo" in logged
+    assert f"POST /api/{REDACTED}/nope failed" in logged
 
 
 def test_static_files_are_only_the_shipped_ones(server):

@@ -112,7 +112,7 @@ demo: install
 	$(BIN)/rlhfkit demo --output-dir runs/demo
 
 bench: install
-	$(BIN)/python bench/ppo_vs_trl.py
+	$(BIN)/python -m bench ppo_vs_trl
 
 clean:
 	rm -rf $(VENV) .venv-latest $(VLLM_VENV) runs

@@ -18,20 +18,69 @@ run key      the commit (12 characters, "-dirty" kept) and the command-line opti
              script's defaults, e.g. "30d9947d964f --sizes tiny --repeats 5 --skip-trl --compile-decode ''".
 
 Saving a run merges it into the file: a run with the same machine and run key (the same measurement made again)
-replaces the earlier one, which git history keeps; every other run stays as it is. Standard library only, so
-bench/tables.py and the tests read these files without torch.
+replaces the earlier one, which git history keeps; every other run stays as it is. A run is stored without the
+paths of the machine that made it (``portable``): a path inside the repository becomes relative to it, one in a
+Python environment's site-packages starts at ``site-packages/``, one in the home folder at ``~/``, and any other
+keeps its last two parts after ``…/``. Standard library only, so bench/tables.py and the tests read these files
+without torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # Options that say where files go or what is printed, not what is measured: left out of run keys.
 NOT_SETTINGS = ("out", "work_dir", "report", "run", "torch_profile")
+
+
+# An absolute POSIX path inside a string: a "/" that starts the string or follows a space, quote, "=", ",", ":" or
+# "(", then at least two parts ("/x" alone, "1/5/15" or "s/step" are not paths).
+ABSOLUTE = re.compile(r"(?:(?<=^)|(?<=[\s'\"=,:(]))/[\w.+@~-]+(?:/[\w.+@~-]+)+/?")
+# a relative path into a Python environment (a venv's lib/pythonX.Y/site-packages/...), up to site-packages/
+ENVIRONMENT = re.compile(r"(?:(?<=^)|(?<=[\s'\"=,:(]))[\w.+@~-]+(?:/[\w.+@~-]+)*/site-packages/")
+SYSTEM = ("/dev/", "/proc/", "/sys/", "/usr/", "/etc/", "/bin/")  # the same on every machine: kept
+
+
+def portable_path(path: str, roots: Iterable[str] = (), home: str | None = None) -> str:
+    """``path`` (absolute) without what is particular to the machine: relative to the repository (``roots``: the
+    checkouts it may be in; this one by default), from ``site-packages/`` on in a Python environment, from ``~/``
+    in the home folder (``home``, default this user's), else ``…/`` and its last two parts."""
+    if path.startswith(SYSTEM):
+        return path
+    home = home if home is not None else str(Path.home())
+    parts = path.rstrip("/").split("/")
+    if "site-packages" in parts:
+        return "/".join(parts[parts.index("site-packages") :])
+    for root in (*roots, str(ROOT)):
+        root = root.rstrip("/")
+        if path == root:
+            return "."
+        if path.startswith(root + "/"):
+            return path[len(root) + 1 :]
+    if home not in ("", "/") and path.startswith(home.rstrip("/") + "/"):
+        return "~/" + path[len(home.rstrip("/")) + 1 :]
+    return "…/" + "/".join(parts[-2:])
+
+
+def portable(value, roots: Iterable[str] = (), home: str | None = None):
+    """``value`` (a run, a key: any JSON value) with every absolute path in its strings, keys included, made
+    ``portable_path``."""
+    roots = tuple(roots)
+    if isinstance(value, str):
+        value = ABSOLUTE.sub(lambda m: portable_path(m.group(0), roots, home), value)
+        return ENVIRONMENT.sub("site-packages/", value)
+    if isinstance(value, dict):
+        return {portable(k, roots, home): portable(v, roots, home) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, roots, home) for v in value]
+    return value
 
 
 def machine_key(stamp: dict) -> str:
@@ -61,7 +110,7 @@ def option_text(args: dict, defaults: dict) -> str:
 def run_key(commit: str | None, args: dict, defaults: dict) -> str:
     sha = commit or "no-commit"
     short = sha.removesuffix("-dirty")[:12] + ("-dirty" if sha.endswith("-dirty") else "")
-    return " ".join(x for x in (short, option_text(args, defaults)) if x)
+    return portable(" ".join(x for x in (short, option_text(args, defaults)) if x))
 
 
 def read(path: Path, benchmark: str | None = None) -> dict:
@@ -79,16 +128,18 @@ def read(path: Path, benchmark: str | None = None) -> dict:
 
 
 def write(path: Path, data: dict) -> None:
-    """Write ``data`` whole, through a temporary file, so an interrupted write leaves the previous file."""
+    """Write ``data`` whole, ``portable``, through a temporary file, so an interrupted write leaves the previous
+    file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(portable(json.loads(json.dumps(data, default=str))), indent=1) + "\n")
     os.replace(tmp, path)
 
 
 def merge(path: Path, benchmark: str, machine: str, key: str, run: dict) -> None:
-    """Put ``run`` into the file under ``machine`` / ``key``, keeping every other run there."""
+    """Put ``run`` into the file under ``machine`` / ``key``, keeping every other run there (the file is written
+    ``portable``, its key too)."""
     data = read(path, benchmark)
     data["benchmark"] = data.get("benchmark") or benchmark
     data.setdefault("machines", {}).setdefault(machine, {})[key] = run
@@ -129,3 +180,18 @@ def print_report(path: Path, text: str | None, print_table) -> None:
     for machine, key, run in select(read(path), text):
         print(f"\n== {machine} / {key}")
         print_table(run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite result files in place, ``portable``: ``python bench/results_file.py bench/reported/NAME.json ...``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    for path in ap.parse_args(argv).files:
+        write(path, read(path))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

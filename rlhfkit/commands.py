@@ -112,7 +112,8 @@ COMMANDS: dict[str, Command] = {
     "demo": Command(
         c.DemoConfig,
         "rlhfkit.demo.pipeline:run",
-        "the built-in customer-support task end to end (SFT, RM, PPO, PPO without KL, DPO) with a report",
+        "the built-in customer-support task end to end (SFT, reward model, PPO, PPO without KL, DPO, iterated PPO, "
+        "online DPO) with a report",
     ),
 }
 

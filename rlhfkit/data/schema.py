@@ -1,6 +1,6 @@
 """Validate raw rows into typed examples, before any training starts.
 
-Field names follow the Hugging Face TRL conventions (SPEC §3). A text field is either a non-empty
+Field names follow the Hugging Face TRL conventions. A text field is either a non-empty
 string or a conversation: a non-empty list of ``{"role": ..., "content": ...}`` messages.
 """
 

@@ -5,7 +5,7 @@ batch (``sample_responses``, the same sampler as single-turn rollouts), then eac
 answered on the CPU, and the answer's tokens are spliced after the reply (``Splicer``). Rows that finish
 drop out of the next round. Each round prefills its rows' whole conversation again rather than keeping the
 key / value cache between rounds: the prefill is one batched forward, a small part of a round next to the
-token-by-token decode (``bench/multiturn.py`` measures it), and it keeps the sampler shared and simple.
+token-by-token decode (``python -m bench multiturn`` measures it), and it keeps the sampler shared and simple.
 
 A conversation ends when the reply has no tool call (a final answer), the environment says done (or has no
 next message), or a limit is reached: --max-turns model turns, --max-total-tokens tokens (prompt included),

@@ -26,7 +26,7 @@ XSS_IMG = "<img src=x onerror=\"window.__pwned = 'img'\">"
 
 
 def bench_script(name: str):
-    """``bench/NAME.py`` as a module (bench/ is not a package)."""
+    """``bench/NAME.py`` as a module, loaded from its file."""
     path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)

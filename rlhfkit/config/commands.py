@@ -262,9 +262,10 @@ class DemoConfig:
     """support task: also run PPO without the KL penalty (beta = 0), which shows the reward model
     over-optimised. Default: on for the built-in model, off with --model (where it is one more PPO run)."""
     gold_reward: bool | None = None
-    """support task: also run PPO with the gold judge itself as its reward, no reward model between (a value head
-    on the policy, PPO's other settings unchanged): the ceiling of RL at the plan's budget, shown beside the
-    learned reward model's run. Default: on for the built-in model, off with --model (one more PPO run)."""
+    """support task: also run PPO with the gold judge itself as its reward instead of the reward model, every
+    other setting PPO's (its value model too): what RL reaches at the plan's budget when the reward is right,
+    shown beside the learned reward model's run. Default: on for the built-in model, off with --model (one more
+    PPO run)."""
     resume: bool = False
     """Continue a demo that stopped, in the same --output-dir with the same options: the stages it finished
     (stages.json) are kept, the others run again, iterated PPO from its last finished round."""

@@ -300,14 +300,15 @@ def _ceiling_text(gold: dict, moved) -> str:
     """What PPO with the gold judge as its reward reached, and the share of it the reward model's PPO took."""
     reach = gold["ppo_gold"] - gold["sft"]
     share = (gold["ppo"] - gold["sft"]) / reach if reach > 0 else None
-    took = (
-        f"; PPO on the reward model took {share:.0%} of that gain"
-        if share is not None
-        else "; at this budget it gained nothing to measure the reward model's run against"
-    )
+    if share is None:
+        took = "; at this budget it gained nothing to measure the reward model's run against."
+    elif share <= 1:
+        took = f": what RL reaches at this budget when the reward is right; PPO on the reward model took {share:.0%}."
+    else:
+        took = ". PPO on the reward model gained more at these settings, so the judge's run is no ceiling here."
     return (
-        f"With the gold judge itself as PPO's reward (no reward model between; the same settings otherwise), PPO "
-        f"{moved('ppo_gold')}, to {gold['ppo_gold']:.2f}: the most this RL budget reaches on the task{took}."
+        f"With the gold judge itself as PPO's reward instead of the reward model (every other setting the same), PPO "
+        f"{moved('ppo_gold')}, to {gold['ppo_gold']:.2f}{took}"
     )
 
 

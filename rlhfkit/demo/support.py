@@ -160,7 +160,8 @@ def run(cfg: DemoConfig) -> dict:
         **settings["ppo"],
         **common,
     }
-    gold_ppo = {k: v for k, v in ppo.items() if k not in ("reward_model", "value_model")}
+    # one change from PPO: the reward (its value model, when it has one, still starts from the reward model)
+    gold_ppo = {k: v for k, v in ppo.items() if k != "reward_model"}
     gold_ppo.update({"reward_fn": ["support"], "output_dir": f"{out}/ppo_gold"})
     no_kl_name = "PPO without KL (beta = 0)"
     no_kl = {

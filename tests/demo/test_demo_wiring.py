@@ -115,11 +115,12 @@ def test_quick_demo_writes_report(tmp_path, capsys, monkeypatch):
     assert held_out["rm/pairs"] == 100 and 0.0 <= held_out["rm_judge/pairs_agreement"] <= 1.0
     policies = {"sft", "ppo", "ppo_no_kl", "dpo", "ppo_gold", "iterated", "online_dpo"}
     assert set(summary["diagnostics"]["policies"]) == policies
-    # PPO with the gold judge as its reward: no reward model, a value head on the policy, the same steps as PPO
+    # PPO with the gold judge as its reward: one change from PPO, the reward (no reward model)
     gold_config = yaml.safe_load((out / "ppo_gold" / "config.yaml").read_text())
     ppo_config = yaml.safe_load((out / "ppo" / "config.yaml").read_text())
     assert gold_config["reward_fn"] == ["support"] and not gold_config["reward_model"]
-    assert not gold_config["value_model"] and gold_config["max_steps"] == ppo_config["max_steps"]
+    different = {k for k in ppo_config if ppo_config[k] != gold_config.get(k)}
+    assert different == {"reward_model", "reward_fn", "output_dir"}, different
     assert "| PPO (gold judge as reward) |" in report
     assert "## How far the reward model carries" in report and "scores_against_kl.png" in report
     for stage in ("sft", "rm", "ppo", "ppo_no_kl", "dpo"):
@@ -628,3 +629,17 @@ def test_the_report_sets_the_reward_model_against_the_judge(tmp_path):
     # without diagnostics the section is left out
     write_report(tmp_path, results, 0.8, stages, 60.0)
     assert "How far the reward model carries" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_gold_reward_run_is_called_a_ceiling_only_when_it_is_one():
+    from rlhfkit.demo.report import _ceiling_text
+
+    def moved(name):
+        return name
+
+    below = _ceiling_text({"sft": 3.0, "ppo": 3.5, "ppo_gold": 4.0}, moved)
+    assert "when the reward is right; PPO on the reward model took 50%." in below
+    above = _ceiling_text({"sft": 3.0, "ppo": 4.5, "ppo_gold": 3.6}, moved)
+    assert "no ceiling here" in above and "took" not in above
+    flat = _ceiling_text({"sft": 3.0, "ppo": 3.5, "ppo_gold": 2.9}, moved)
+    assert "gained nothing" in flat

@@ -93,6 +93,7 @@ def test_every_run_is_filed_under_its_stamp():
         "profile_ppo.json",
         "real_model.json",
         "real_model_gpu.json",
+        "rm_headroom.json",
         "rm_lora.json",
         "vllm_engine.json",
         "vllm_learning.json",

@@ -100,6 +100,30 @@ def rm_lora(selection: str) -> list[str]:
     return [*table([*header, "MB saved"], rows), "", sources(*runs)]
 
 
+def rm_headroom(selection: str) -> list[str]:
+    """The support task's reward model against the gold judge before RL, on the pretrained demo's SFT model: one row
+    per label count of each run (held-out accuracy with the ceiling, agreement with the judge on the held-out pairs
+    and on the SFT policy's own pairs, best-of-N)."""
+    runs = select(selection)
+    rows = []
+    for run in runs:
+        for labels, got in run["reward_models"].items():
+            rows.append(
+                [
+                    run["args"]["seed"],
+                    labels,
+                    f"{got['rm/pairs_accuracy']:.3f} ({run['label_noise_ceiling']:.3f})",
+                    f"{got['rm_judge/pairs_agreement']:.3f}",
+                    f"{got['rm_judge/on_policy_agreement']:.3f}",
+                    f"{got['best_of_n/random']:.2f} / {got['best_of_n/rm_pick']:.2f} / {got['best_of_n/judge_pick']:.2f}",
+                    f"{got['best_of_n/captured']:.0%}",
+                ]
+            )
+    header = ["seed", "labels", "held-out accuracy (ceiling)", "agrees with the judge: held-out pairs"]
+    header += ["SFT's own pairs", f"best-of-{int(runs[0]['samples_per_prompt'])} gold: random / RM pick / judge pick"]
+    return [*table([*header, "captured"], rows), "", sources(*runs)]
+
+
 def adapter_load(selection: str) -> list[str]:
     """Loading a LoRA adapter chain with rlhfkit's direct merge against PEFT's: one row per model folder (named
     by its place in the demo's folder)."""

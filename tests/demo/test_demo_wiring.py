@@ -632,14 +632,14 @@ def test_the_report_sets_the_reward_model_against_the_judge(tmp_path):
 
 
 def test_the_gold_reward_run_is_called_a_ceiling_only_when_it_is_one():
-    from rlhfkit.demo.report import _ceiling_text
+    from rlhfkit.demo.reward_carry import ceiling_text
 
     def moved(name):
         return name
 
-    below = _ceiling_text({"sft": 3.0, "ppo": 3.5, "ppo_gold": 4.0}, moved)
+    below = ceiling_text({"sft": 3.0, "ppo": 3.5, "ppo_gold": 4.0}, moved)
     assert "when the reward is right; PPO on the reward model took 50%." in below
-    above = _ceiling_text({"sft": 3.0, "ppo": 4.5, "ppo_gold": 3.6}, moved)
+    above = ceiling_text({"sft": 3.0, "ppo": 4.5, "ppo_gold": 3.6}, moved)
     assert "no ceiling here" in above and "took" not in above
-    flat = _ceiling_text({"sft": 3.0, "ppo": 3.5, "ppo_gold": 2.9}, moved)
+    flat = ceiling_text({"sft": 3.0, "ppo": 3.5, "ppo_gold": 2.9}, moved)
     assert "gained nothing" in flat

@@ -200,11 +200,17 @@ def run(cfg: EvalConfig) -> dict:
             raise UserError(f"{option('gold_judge')}: {exc}") from None
     state = process_state(cfg.io.cpu, cfg.io.dist_timeout)
     ranks = Ranks(state.process_index, state.num_processes)
+    # loaded once: it scores the samples and, with --pairs, the held-out pairs
+    scorer = (
+        RewardScorer.load(cfg.eval.reward_model, state.device, cfg.model.trust_remote_code)
+        if cfg.eval.reward_model
+        else None
+    )
     metrics, rows = evaluate_policy(
         cfg.model.model,
         [ex.prompt for ex in examples] * cfg.eval.samples_per_prompt,  # the list repeated: each copy sampled anew
         cfg.generation,
-        reward_model=cfg.eval.reward_model,
+        reward_model=scorer,
         reference=cfg.eval.reference_model,
         judge=judge,
         seed=cfg.io.seed,
@@ -218,8 +224,7 @@ def run(cfg: EvalConfig) -> dict:
     if not ranks.is_main:
         return metrics
     metrics.update(sample_diagnostics(rows))
-    if pairs and cfg.eval.reward_model:
-        scorer = RewardScorer.load(cfg.eval.reward_model, state.device, cfg.model.trust_remote_code)
+    if pairs:  # the config's check: --pairs comes with --reward-model
         tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
         held_out = [{"prompt": ex.prompt, "chosen": ex.chosen, "rejected": ex.rejected} for ex in pairs]
         metrics.update(pair_agreement(scorer, judge, tokenizer, held_out, cfg.io.batch_size))

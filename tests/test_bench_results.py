@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import results_file, suite, tables
-from bench.learning import demo_seeds, ppo_critic
+from bench.learning import demo_seeds, ppo_critic, rl_knobs
 from bench.report import iterate, parts
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -93,6 +93,7 @@ def test_every_run_is_filed_under_its_stamp():
         "profile_ppo.json",
         "real_model.json",
         "real_model_gpu.json",
+        "rl_knobs.json",
         "rm_headroom.json",
         "rm_lora.json",
         "vllm_engine.json",
@@ -236,6 +237,23 @@ def test_ppo_critic_changes_only_the_value_function_and_the_steps(tmp_path):
     assert "--value-model" not in model and model[model.index("--max-steps") + 1] == "24"
     with pytest.raises(SystemExit, match="head:STEPS or model:STEPS"):
         ppo_critic.variant_command(demo, "critic:16", tmp_path / "out", 2)
+
+
+def test_rl_knobs_changes_only_the_options_its_variant_names():
+    from rlhfkit.commands import COMMANDS
+    from rlhfkit.config.parse import flat_dict
+
+    known = set(flat_dict(COMMANDS["ppo"].config()))
+    base = {"model": "sft", "reward_model": "rm", "value_model": "rm", "kl_coef": 0.05, "batch_size": 16}
+    for name, variant in rl_knobs.VARIANTS.items():
+        assert set(variant) <= known, f"{name}: {set(variant) - known} are no options of rlhfkit ppo"
+        options = rl_knobs.ppo_options(base, variant)
+        changed = {k for k in base.keys() | options.keys() if base.get(k) != options.get(k)}
+        assert changed == set(variant) - {k for k, v in variant.items() if v is None and k not in base}, name
+    rloo = rl_knobs.ppo_options(base, rl_knobs.VARIANTS["rloo"])
+    # no critic, 4 replies to each of 4 prompts: the same 16 rollouts a step
+    assert "value_model" not in rloo and rloo["advantage"] == "rloo" and rloo["num_generations"] == 4
+    assert rloo["batch_size"] == 16 and base["value_model"] == "rm"  # the plan's options are left as they were
 
 
 def test_the_iterate_table():

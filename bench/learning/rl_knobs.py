@@ -11,7 +11,8 @@ samples a prompt, the evaluation's sampling settings, the seed), so replies pair
 SFT, a variant's difference from the plan's PPO (what the one change did) and from DPO, each ± its paired standard
 error over the replies. Also each PPO run's reward-model score over its first and last quarter of steps (does it
 climb its reward model?), its KL to SFT and its seconds. Models already in ``--work-dir`` are kept, so an
-interrupted seed resumes; ``--quick`` uses the demo's --quick plan (a wiring check).
+interrupted seed resumes and a
+policy evaluated once is not evaluated again (its rows are kept beside it); ``--quick`` uses the demo's --quick plan (a wiring check).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from bench.stamp import Stamp, summary
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.demo.plan import chat_rows, plan
 from rlhfkit.demo.support import EVAL_GENERATION
-from rlhfkit.files import read_jsonl
+from rlhfkit.files import read_jsonl, write_jsonl
 from rlhfkit.inference.evaluate import evaluate_policy
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.tasks import get_judge
@@ -174,8 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     gold: dict[str, list[float]] = {}
     for name in ["sft", "dpo", "ppo", *variants]:
         start = time.perf_counter()
-        _, rows = evaluate_policy(str(work / name), prompts, generation, reference=reference if name != "sft" else None,
-                                  judge=get_judge("support"), seed=args.seed)  # fmt: skip
+        kept = work / name / "rl_knobs_eval.jsonl"  # a policy evaluated by an earlier run of this seed
+        if kept.is_file():
+            rows = read_jsonl(str(kept))
+        else:
+            _, rows = evaluate_policy(str(work / name), prompts, generation, judge=get_judge("support"),
+                                      reference=reference if name != "sft" else None, seed=args.seed)  # fmt: skip
+            write_jsonl(kept, rows)
         gold[name] = [r["gold"] for r in rows]
         got = {"gold": statistics.fmean(gold[name]), "kl": statistics.fmean(r.get("kl", 0.0) for r in rows)}
         if name != "sft":

@@ -238,3 +238,50 @@ def critic_table(runs: list[dict], dpo: dict[int, dict] | None = None) -> list[s
             over_dpo = [x["gain"]["mean"] - gain(dpo[seed], "dpo")[0] for seed, (_, x) in by_variant[variant].items()]
             rows.append(["− the demo's DPO", "", *[""] * 6, summary(over_dpo)])
     return table(header, rows)
+
+
+def rl_knobs(selection: str) -> list[str]:
+    """PPO's options one at a time on the pretrained demo's support task (bench/learning/rl_knobs.py): per policy
+    and seed, the gold gain over SFT, the difference from the plan's PPO (the one change) and from DPO at the same
+    labels, each ± its paired standard error over the replies; then per policy the mean over seeds ± its standard
+    error with the paired t-test's p across seeds and how many seeds were ahead, its KL to SFT and whether it climbed
+    its reward model during training (the mean score over the first and the last quarter of its steps)."""
+    runs = select(selection)
+    by_seed: dict[int, dict] = {}
+    for run in runs:
+        by_seed.setdefault(int(run["args"]["seed"]), {}).update(run.get("policies", {}))
+    names: list[str] = []
+    for got in by_seed.values():
+        names += [n for n in got if n != "sft" and n not in names]
+
+    def cell(d: dict | None) -> str:
+        return "—" if d is None else f"{d['mean']:+.2f} ± {d['se']:.2f}"
+
+    rows = []
+    for seed in sorted(by_seed):
+        for name in names:
+            got = by_seed[seed].get(name)
+            if got is None:
+                continue
+            curve = got.get("curve")
+            climb = f"{curve['score_first']:.2f} → {curve['score_last']:.2f}" if curve else "—"
+            rows.append([str(seed), name, cell(got.get("gain")), cell(got.get("minus_ppo")),
+                         cell(got.get("minus_dpo")), f"{got['kl']:.1f}", climb])  # fmt: skip
+    for name in names:
+        got = [by_seed[s][name] for s in sorted(by_seed) if name in by_seed[s]]
+        if len(got) < 2:
+            continue
+        cells = [f"mean of {len(got)}", name, pm(mean_se([g["gain"]["mean"] for g in got]), sign="+")]
+        for key in ("minus_ppo", "minus_dpo"):
+            diffs = [g[key]["mean"] for g in got if key in g]
+            cells.append(f"{pm(mean_se(diffs), sign='+')} ({across_seeds(diffs)})" if len(diffs) > 1 else "—")
+        curves = [g["curve"] for g in got if "curve" in g]
+        climb = (
+            f"{statistics.mean(c['score_first'] for c in curves):.2f} → "
+            f"{statistics.mean(c['score_last'] for c in curves):.2f}"
+            if curves
+            else "—"
+        )
+        rows.append([*cells, f"{statistics.mean(g['kl'] for g in got):.1f}", climb])
+    header = ["seed", "policy", "gold gain over SFT", "− PPO (the plan's)", "− DPO", "KL to SFT"]
+    return [*table([*header, "RM score in training: first → last quarter"], rows), "", sources(*runs)]

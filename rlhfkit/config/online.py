@@ -349,6 +349,12 @@ class PPOConfig(OnlineConfig):
     def check(self) -> None:
         super().check()
         _check_critic(self.critic)
+        if self.critic.value_model and not self.needs_critic:
+            raise UserError(
+                f"{option('value_model')} is the value function of a critic, and "
+                f"{option('advantage', self.advantage.advantage)} uses none: leave {option('value_model')} out, "
+                f"or use {option('advantage', 'gae')} (or sequence)"
+            )
 
 
 def _check_critic(critic: CriticArgs) -> None:

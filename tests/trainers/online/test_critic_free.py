@@ -264,6 +264,10 @@ def test_group_and_batch_rules_are_checked_up_front(task, tmp_path):
         parse("grpo", f"{base} --advantage gae")
     with pytest.raises(UserError, match="give --reward-model or at least one --reward-fn"):
         parse("grpo", f"--model {model} --data {prompts} --output-dir {tmp_path}")
+    # PPO with a critic-free estimator has no value function for a value model to be
+    with pytest.raises(UserError, match="--value-model is the value function of a critic, and --advantage rloo"):
+        parse("ppo", f"{base} --advantage rloo --num-generations 2 --batch-size 4 --value-model {model}")
+    parse("ppo", f"{base} --advantage gae --value-model {model}")
     with pytest.raises(UserError, match="--reward-weights has 2 values for 1 rewards"):
         parse("grpo", f"{base} --reward-weights 1,2")
 

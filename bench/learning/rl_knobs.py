@@ -46,6 +46,8 @@ VARIANTS: dict[str, dict] = {
     "rloo": {"advantage": "rloo", **GROUPED},
     "grpo": {"advantage": "grpo", **GROUPED},
     "value_head": {"value_model": None},
+    # 4 steps that train the value model alone on the SFT policy's rollouts, then the plan's 16 PPO steps
+    "value_warmup_4": {"value_warmup_steps": 4, "max_steps": 20},
     "whiten_rewards": {"whiten_rewards": True},
     "missing_eos_penalty": {"missing_eos_penalty": 1.0},
     "rollouts_64": {"batch_size": 64, "ppo_epochs": 1, "num_minibatches": 4},
@@ -106,7 +108,9 @@ def print_table(run: dict) -> None:
         curve = got.get("curve")
         climb = f"{curve['score_first']:.2f} → {curve['score_last']:.2f}" if curve else "—"
         step = f"{curve['step_s']:.1f}" if curve else "—"
-        print(f"| {name} | {cell('gain')} | {cell('minus_ppo')} | {cell('minus_dpo')} | {got['kl']:.2f} | {climb} | {step} |")
+        print(
+            f"| {name} | {cell('gain')} | {cell('minus_ppo')} | {cell('minus_dpo')} | {got['kl']:.2f} | {climb} | {step} |"
+        )
     print(summary(run.get("stamp")))
 
 

@@ -154,6 +154,10 @@ class CriticArgs:
     """c1: weight of the value loss."""
     value_clip: float | None = 0.2
     """Clip the value update to old value +- this; none disables."""
+    value_warmup_steps: int = 0
+    """The first N of --max-steps train the value function alone, on the starting policy's rollouts (the policy
+    is not updated), so that PPO's first policy updates see a critic fitted to that policy's returns (the policy's
+    learning-rate schedule still counts them). Needs --value-model: a value head would move the policy's backbone."""
     value_pass_apart: bool = True
     """With --value-model, in one process: run the value model's forward and backward apart from the policy's, in
     quarter-size micro-batches, so the two networks' activations are never held at once (less peak memory, the
@@ -349,6 +353,18 @@ class PPOConfig(OnlineConfig):
     def check(self) -> None:
         super().check()
         _check_critic(self.critic)
+        at_least(0, value_warmup_steps=self.critic.value_warmup_steps)
+        if self.critic.value_warmup_steps:
+            if not self.critic.value_model or not self.needs_critic:
+                raise UserError(
+                    f"{option('value_warmup_steps')} trains a separate value model alone: it needs "
+                    f"{option('value_model')} and a critic's {option('advantage')} (gae, sequence)"
+                )
+            if self.critic.value_warmup_steps >= self.optim.max_steps > 0:
+                raise UserError(
+                    f"{option('value_warmup_steps', self.critic.value_warmup_steps)} leaves none of "
+                    f"{option('max_steps', self.optim.max_steps)} to update the policy"
+                )
         if self.critic.value_model and not self.needs_critic:
             raise UserError(
                 f"{option('value_model')} is the value function of a critic, and "

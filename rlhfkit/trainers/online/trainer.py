@@ -297,7 +297,10 @@ class OnlineTrainer:
             self.accel.after_rollout()
             # 7. Epochs over minibatches.
             with timed(experience.metrics, "time/update_s"):
-                train_stats = self.update.train_epochs(experience.rollout, self.kl_in_loss_coef, experience.first_pass)
+                warmup = self.critic_warmup
+                train_stats = self.update.train_epochs(
+                    experience.rollout, self.kl_in_loss_coef, experience.first_pass, value_only=warmup
+                )
                 experience.first_pass = None  # spent by epoch 1
                 if train_stats is None:
                     return self._skip("loss")
@@ -311,7 +314,15 @@ class OnlineTrainer:
             if self.has_reference:
                 self.kl_ctl.update(metrics["kl/ref"], n_steps=experience.everyone.scores.shape[0])
             metrics["learning_rate"] = learning_rate
+            if warmup:
+                metrics["value/warmup"] = 1.0
         return StepResult(metrics, experience.everyone)
+
+    @property
+    def critic_warmup(self) -> bool:
+        """Whether this step trains the value model alone (--value-warmup-steps)."""
+        critic = getattr(self.cfg, "critic", None)
+        return critic is not None and self.steps_done <= critic.value_warmup_steps
 
     def _skip(self, what: str) -> StepResult:
         self.bad_steps += 1

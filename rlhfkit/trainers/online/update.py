@@ -131,10 +131,12 @@ class PPOUpdate:
         rollout: Rollout,
         kl_coef: float | None,
         first_pass: ActorCriticOutput | None = None,
+        value_only: bool = False,
     ) -> dict[str, float] | None:
         """Epochs over shuffled minibatches; returns the loss terms averaged over the updates, or None when a
         loss was not finite (no update was made then). ``first_pass``: the whole rollout's forward outputs,
-        which stand in for epoch 1's forward of its single minibatch."""
+        which stand in for epoch 1's forward of its single minibatch. ``value_only``: only the separate value
+        model runs and learns (the value function's warm-up)."""
         B = rollout.scores.shape[0]
         mb_size = B // self.cfg.policy.num_minibatches
         sums: dict[str, float] = {}
@@ -145,7 +147,7 @@ class PPOUpdate:
             reuse = epoch == 0 and first_pass is not None
             for start in range(0, B, mb_size):
                 mb_index = order[start : start + mb_size]
-                stats = self.minibatch_backward(rollout, mb_index, kl_coef, first_pass if reuse else None)
+                stats = self.minibatch_backward(rollout, mb_index, kl_coef, first_pass if reuse else None, value_only)
                 if any_rank(self.accelerator, not math.isfinite(stats["loss/total"])):
                     self.optimizer.zero_grad(set_to_none=True)
                     return None
@@ -157,9 +159,12 @@ class PPOUpdate:
                 n += 1
         return {k: v / n for k, v in sums.items()}
 
-    def passes(self, micro_rows: int) -> list[tuple[Networks, int]]:
+    def passes(self, micro_rows: int, value_only: bool = False) -> list[tuple[Networks, int]]:
         """The forward and backward passes of one minibatch, as (networks, rows per micro-batch): one joint pass;
-        or the policy's, then the separate value model's (``value_rows``)."""
+        or the policy's, then the separate value model's (``value_rows``); with ``value_only`` the value model's
+        alone."""
+        if value_only:
+            return [(Networks.VALUE, self.value_rows(micro_rows) if self.value_rows is not None else micro_rows)]
         if self.value_rows is None:
             return [(Networks.ALL, micro_rows)]
         return [(Networks.POLICY, micro_rows), (Networks.VALUE, self.value_rows(micro_rows))]
@@ -170,13 +175,14 @@ class PPOUpdate:
         mb_index: torch.Tensor,
         kl_coef: float | None,
         first_pass: ActorCriticOutput | None,
+        value_only: bool = False,
     ) -> dict[str, float]:
         """The backward passes of one minibatch's loss (rows ``mb_index`` of ``rollout``), over its micro-batches
         and passes (``passes``); returns its loss terms."""
         units = reduce_sum(self.accelerator, self.normaliser.units(rollout.loss_mask[mb_index]))
         micro_rows = len(mb_index) // self.cfg.optim.gradient_accumulation_steps
         stats: dict[str, float] = {}
-        for networks, rows in self.passes(micro_rows):
+        for networks, rows in self.passes(micro_rows, value_only):
 
             def loss_fn(mb: Rollout, networks: Networks = networks):
                 outputs = None

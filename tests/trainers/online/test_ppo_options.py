@@ -345,3 +345,44 @@ def test_lora_also_adapts_a_separate_value_model(thanks_task, tmp_path):
     backbone = [k for k in saved if k.startswith("value_model.backbone")]
     assert backbone and all(".lora_" in k for k in backbone)
     assert not torch.equal(saved["value_model.score.weight"], start["score.weight"])
+
+
+def test_value_warmup_trains_the_value_model_alone_first(thanks_task, tmp_path):
+    """--value-warmup-steps 2 of 3: after steps 1-2 the policy is as it started and the value model has moved
+    from the reward model's weights; step 3 updates the policy."""
+    from safetensors.torch import load_file
+
+    model, prompts = thanks_task
+    rm = make_reward_model(model, tmp_path / "rm")
+    out = tmp_path / "run"
+    args = f"--model {model} --data {prompts} --output-dir {out} --max-steps 3 --value-model {rm} {BASE}"
+    args += " --save-steps 1 --save-total-limit 3"
+    train(parse("ppo", f"{args} --value-warmup-steps 2"), scorer=ThanksScorer())
+    start, value_start = load_file(model / "model.safetensors"), load_file(rm / "model.safetensors")
+
+    def weights(step: int) -> dict:
+        return load_file(out / "checkpoints" / f"step-{step}" / "actor_critic.safetensors")
+
+    def policy_moved(w: dict) -> float:
+        return max(
+            (w[f"policy.{k}"].float() - v.float()).abs().max().item() for k, v in start.items() if f"policy.{k}" in w
+        )
+
+    def value_moved(w: dict) -> float:
+        pairs = [(w[f"value_model.{k}"], v) for k, v in value_start.items() if f"value_model.{k}" in w]
+        assert pairs
+        return max((a.float() - b.float()).abs().max().item() for a, b in pairs)
+
+    assert policy_moved(weights(2)) == 0.0 and value_moved(weights(1)) > 0
+    assert policy_moved(weights(3)) > 1e-4
+    rows = read_metrics(out)
+    assert [r.get("value/warmup", 0.0) for r in rows] == [1.0, 1.0, 0.0]
+
+
+def test_value_warmup_needs_a_value_model_and_steps_after_it(thanks_task, tmp_path):
+    model, prompts = thanks_task
+    args = f"--model {model} --data {prompts} --output-dir {tmp_path} --max-steps 3 {BASE}"
+    with pytest.raises(UserError, match="--value-warmup-steps trains a separate value model alone"):
+        parse("ppo", f"{args} --value-warmup-steps 1")
+    with pytest.raises(UserError, match="--value-warmup-steps 3 leaves none of --max-steps 3"):
+        parse("ppo", f"{args} --value-warmup-steps 3 --value-model {model}")

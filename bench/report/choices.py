@@ -241,37 +241,26 @@ def critic_table(runs: list[dict], dpo: dict[int, dict] | None = None) -> list[s
 
 
 def rl_knobs(selection: str) -> list[str]:
-    """PPO's options one at a time on the pretrained demo's support task (bench/learning/rl_knobs.py): per policy
-    and seed, the gold gain over SFT, the difference from the plan's PPO (the one change) and from DPO at the same
-    labels, each ± its paired standard error over the replies; then per policy the mean over seeds ± its standard
-    error with the paired t-test's p across seeds and how many seeds were ahead, its KL to SFT and whether it climbed
-    its reward model during training (the mean score over the first and the last quarter of its steps)."""
+    """PPO's options one at a time on the pretrained demo's support task (bench/learning/rl_knobs.py), one row a
+    policy: its gold gain over SFT in each seed ± the paired standard error over the replies, the mean over seeds ±
+    its standard error, its difference from the plan's PPO (the one change) and from DPO at the same labels as the
+    mean over seeds ± its standard error with the paired t-test's p across seeds and how many seeds were ahead, its
+    KL to SFT, and whether it climbed its reward model during training (the mean score over the first and the last
+    quarter of its steps, averaged over seeds)."""
     runs = select(selection)
     by_seed: dict[int, dict] = {}
     for run in runs:
         by_seed.setdefault(int(run["args"]["seed"]), {}).update(run.get("policies", {}))
+    seeds = sorted(by_seed)
     names: list[str] = []
     for got in by_seed.values():
         names += [n for n in got if n != "sft" and n not in names]
-
-    def cell(d: dict | None) -> str:
-        return "—" if d is None else f"{d['mean']:+.2f} ± {d['se']:.2f}"
-
     rows = []
-    for seed in sorted(by_seed):
-        for name in names:
-            got = by_seed[seed].get(name)
-            if got is None:
-                continue
-            curve = got.get("curve")
-            climb = f"{curve['score_first']:.2f} → {curve['score_last']:.2f}" if curve else "—"
-            rows.append([str(seed), name, cell(got.get("gain")), cell(got.get("minus_ppo")),
-                         cell(got.get("minus_dpo")), f"{got['kl']:.1f}", climb])  # fmt: skip
     for name in names:
-        got = [by_seed[s][name] for s in sorted(by_seed) if name in by_seed[s]]
-        if len(got) < 2:
-            continue
-        cells = [f"mean of {len(got)}", name, pm(mean_se([g["gain"]["mean"] for g in got]), sign="+")]
+        got = [by_seed[s].get(name) for s in seeds]
+        cells = [name, *("—" if g is None else f"{g['gain']['mean']:+.2f} ± {g['gain']['se']:.2f}" for g in got)]
+        got = [g for g in got if g is not None]
+        cells.append(pm(mean_se([g["gain"]["mean"] for g in got]), sign="+") if len(got) > 1 else "—")
         for key in ("minus_ppo", "minus_dpo"):
             diffs = [g[key]["mean"] for g in got if key in g]
             cells.append(f"{pm(mean_se(diffs), sign='+')} ({across_seeds(diffs)})" if len(diffs) > 1 else "—")
@@ -283,5 +272,5 @@ def rl_knobs(selection: str) -> list[str]:
             else "—"
         )
         rows.append([*cells, f"{statistics.mean(g['kl'] for g in got):.1f}", climb])
-    header = ["seed", "policy", "gold gain over SFT", "− PPO (the plan's)", "− DPO", "KL to SFT"]
+    header = ["policy", *(f"gain: seed {s}" for s in seeds), "mean", "− PPO (the plan's)", "− DPO", "KL to SFT"]
     return [*table([*header, "RM score in training: first → last quarter"], rows), "", sources(*runs)]

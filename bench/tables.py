@@ -35,6 +35,7 @@ DOCS = [
     ROOT / "docs" / "concepts.md",
     ROOT / "docs" / "demo.md",
     ROOT / "docs" / "demo-models.md",
+    ROOT / "docs" / "tuning-ppo.md",
     ROOT / "docs" / "generation.md",
     ROOT / "docs" / "iterated.md",
     ROOT / "docs" / "judge.md",

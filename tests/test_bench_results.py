@@ -256,6 +256,27 @@ def test_rl_knobs_changes_only_the_options_its_variant_names():
     assert rloo["batch_size"] == 16 and base["value_model"] == "rm"  # the plan's options are left as they were
 
 
+def test_every_rl_knobs_variant_is_a_valid_ppo_run_of_the_plan():
+    from rlhfkit.commands import COMMANDS
+    from rlhfkit.config.parse import build_config
+    from rlhfkit.demo.plan import PRETRAINED
+
+    base = {"model": "sft", "reward_model": "rm", "value_model": "rm", "data": "p.jsonl", **PRETRAINED["ppo"]}
+    for name, variant in rl_knobs.VARIANTS.items():
+        options = rl_knobs.ppo_options({**base, "output_dir": "out"}, variant)
+        build_config(f"rl_knobs {name}", COMMANDS["ppo"].config, {k: (v, k) for k, v in options.items()}, None)
+
+
+def test_the_rl_knobs_table_names_each_variant_by_its_flags():
+    from bench.report.choices import option_flags
+
+    assert option_flags({"advantage": "rloo", "num_generations": 4, "value_model": None}) == (
+        "--advantage rloo --num-generations 4, no --value-model"
+    )
+    assert option_flags({"whiten_rewards": True}) == "--whiten-rewards"
+    assert option_flags({"value_model": None}) == "no --value-model"
+
+
 def test_the_iterate_table():
     def result(gain: float) -> dict:
         methods = {m: {"gain": gain, "gain_se": 0.1} for m in ("ppo", "iterated", "dpo", "online_dpo")}

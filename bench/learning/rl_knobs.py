@@ -53,7 +53,8 @@ VARIANTS: dict[str, dict] = {
     "rollouts_64": {"batch_size": 64, "ppo_epochs": 1, "num_minibatches": 4},
     "kl_0.02": {"kl_coef": 0.02},
     "kl_0.1": {"kl_coef": 0.1},
-    "ref_refresh_8": {"ref_update_steps": 8},
+    # (a moving reference, --ref-update-steps or --ref-ema, needs full fine-tuning: with LoRA the reference is
+    # the base weights)
 }
 
 

@@ -255,10 +255,15 @@ def rl_knobs(selection: str) -> list[str]:
     names: list[str] = []
     for got in by_seed.values():
         names += [n for n in got if n != "sft" and n not in names]
+    changed: dict[str, dict] = {}
+    for run in runs:
+        changed.update(run.get("variants", {}))
+    labels = {"dpo": "DPO", "ppo": "PPO, the plan"}
     rows = []
     for name in names:
         got = [by_seed[s].get(name) for s in seeds]
-        cells = [name, *("—" if g is None else f"{g['gain']['mean']:+.2f} ± {g['gain']['se']:.2f}" for g in got)]
+        label = labels.get(name) or (f"`{option_flags(changed[name])}`" if name in changed else name)
+        cells = [label, *("—" if g is None else f"{g['gain']['mean']:+.2f} ± {g['gain']['se']:.2f}" for g in got)]
         got = [g for g in got if g is not None]
         cells.append(pm(mean_se([g["gain"]["mean"] for g in got]), sign="+") if len(got) > 1 else "—")
         for key in ("minus_ppo", "minus_dpo"):
@@ -274,3 +279,11 @@ def rl_knobs(selection: str) -> list[str]:
         rows.append([*cells, f"{statistics.mean(g['kl'] for g in got):.1f}", climb])
     header = ["policy", *(f"gain: seed {s}" for s in seeds), "mean", "− PPO (the plan's)", "− DPO", "KL to SFT"]
     return [*table([*header, "RM score in training: first → last quarter"], rows), "", sources(*runs)]
+
+
+def option_flags(options: dict) -> str:
+    """The command-line flags of the options a variant changes: `{"advantage": "rloo", "value_model": None}` is
+    `--advantage rloo, no --value-model`."""
+    set_ = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in options.items() if v is not None]
+    dropped = [f"no --{k.replace('_', '-')}" for k, v in options.items() if v is None]
+    return ", ".join([" ".join(set_), *dropped]) if set_ else ", ".join(dropped)

@@ -288,3 +288,32 @@ def test_the_iterate_table():
     assert lines[-1].startswith("| | iterated − plain PPO | +0.50 ± 0.10 | +1.50 ± 0.10 | +1.00 ± 0.50, t-test p = ")
     assert lines[-1].endswith(", 2/2 > 0 |")
     assert not any("RM updates at 2e-5" in line for line in lines)  # a method the runs did not have is left out
+
+
+def test_the_rl_knobs_table_pairs_a_variant_with_the_variant_it_changes(monkeypatch):
+    from bench.report import choices
+
+    def policy(gain: float, **diffs: dict) -> dict:
+        return {"gold": 1.0 + gain, "kl": 1.0, "gain": {"mean": gain, "se": 0.1}, **diffs}
+
+    def run(seed: int, shift: float) -> dict:
+        d = {"mean": 0.2 + shift, "se": 0.1}
+        return {
+            "args": {"seed": seed},
+            "variants": {"rloo": rl_knobs.VARIANTS["rloo"], "rloo_gold_reward": rl_knobs.VARIANTS["rloo_gold_reward"]},
+            "policies": {
+                "sft": {"gold": 1.0, "kl": 0.0},
+                "dpo": policy(0.4),
+                "ppo": policy(0.1, minus_dpo=d),
+                "rloo": policy(0.4, minus_ppo=d, minus_dpo=d),
+                "rloo_gold_reward": policy(0.6, minus_ppo=d, minus_dpo=d, minus_base={"base": "rloo", **d}),
+            },
+        }
+
+    monkeypatch.setattr(choices, "select", lambda selection: [run(0, 0.0), run(1, 0.1)])
+    monkeypatch.setattr(choices, "sources", lambda *runs: "")
+    rows = {line.split(" | ")[0]: line for line in choices.rl_knobs("rl_knobs") if line.startswith("| ")}
+    gold = rows["| `--advantage rloo --num-generations 4 --reward-fn support, no --value-model, no --reward-model`"]
+    assert "− the `--advantage rloo --num-generations 4, no --value-model` row: +0.25 ± 0.05" in gold
+    assert "row:" not in rows["| `--advantage rloo --num-generations 4, no --value-model`"]
+    assert rows["| PPO, the plan"].count("+0.10 ± 0.10") == 2

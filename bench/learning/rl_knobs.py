@@ -53,9 +53,13 @@ VARIANTS: dict[str, dict] = {
     "rollouts_64": {"batch_size": 64, "ppo_epochs": 1, "num_minibatches": 4},
     "kl_0.02": {"kl_coef": 0.02},
     "kl_0.1": {"kl_coef": 0.1},
+    # the ceiling at this budget: the leave-one-out run with the gold judge itself as its reward, against "rloo"
+    "rloo_gold_reward": {"advantage": "rloo", **GROUPED, "reward_model": None, "reward_fn": ["support"]},
     # (a moving reference, --ref-update-steps or --ref-ema, needs full fine-tuning: with LoRA the reference is
     # the base weights)
 }
+# a variant that changes one option of another variant rather than of the plan is also paired with that one
+BASE = {"rloo_gold_reward": "rloo"}
 
 
 def trained(folder: Path) -> bool:
@@ -196,6 +200,12 @@ def main(argv: list[str] | None = None) -> None:
             got["curve"] = training_curve(work / name)
         if name not in ("sft", "dpo", "ppo"):
             got["minus_ppo"] = paired(gold[name], gold["ppo"])
+        base_rows = work / BASE.get(name, "") / "rl_knobs_eval.jsonl"  # its base, evaluated by this seed's runs
+        if name in BASE and base_rows.is_file():
+            got["minus_base"] = {
+                "base": BASE[name],
+                **paired(gold[name], [r["gold"] for r in read_jsonl(str(base_rows))]),
+            }
         results["policies"][name] = got
         results["seconds"][f"eval_{name}"] = round(time.perf_counter() - start, 1)
         log(f"seed {args.seed}: {name} gold {got['gold']:.3f}")

@@ -243,7 +243,7 @@ def critic_table(runs: list[dict], dpo: dict[int, dict] | None = None) -> list[s
 def rl_knobs(selection: str) -> list[str]:
     """PPO's options one at a time on the pretrained demo's support task (bench/learning/rl_knobs.py), one row a
     policy: its gold gain over SFT in each seed ± the paired standard error over the replies, the mean over seeds ±
-    its standard error, its difference from the plan's PPO (the one change) and from DPO at the same labels as the
+    its standard error, its difference from the plan's PPO (the one change; or from the variant it changes one option of) and from DPO at the same labels as the
     mean over seeds ± its standard error with the paired t-test's p across seeds and how many seeds were ahead, its
     KL to SFT, and whether it climbed its reward model during training (the mean score over the first and the last
     quarter of its steps, averaged over seeds)."""
@@ -267,8 +267,12 @@ def rl_knobs(selection: str) -> list[str]:
         got = [g for g in got if g is not None]
         cells.append(pm(mean_se([g["gain"]["mean"] for g in got]), sign="+") if len(got) > 1 else "—")
         for key in ("minus_ppo", "minus_dpo"):
+            if key == "minus_ppo" and any("minus_base" in g for g in got):  # one change from another variant
+                key = "minus_base"
             diffs = [g[key]["mean"] for g in got if key in g]
-            cells.append(f"{pm(mean_se(diffs), sign='+')} ({across_seeds(diffs)})" if len(diffs) > 1 else "—")
+            cell = f"{pm(mean_se(diffs), sign='+')} ({across_seeds(diffs)})" if len(diffs) > 1 else "—"
+            base = next((g[key]["base"] for g in got if key == "minus_base"), None)
+            cells.append(f"− the `{option_flags(changed[base])}` row: {cell}" if base in changed else cell)
         curves = [g["curve"] for g in got if "curve" in g]
         climb = (
             f"{statistics.mean(c['score_first'] for c in curves):.2f} → "
@@ -284,6 +288,10 @@ def rl_knobs(selection: str) -> list[str]:
 def option_flags(options: dict) -> str:
     """The command-line flags of the options a variant changes: `{"advantage": "rloo", "value_model": None}` is
     `--advantage rloo, no --value-model`."""
-    set_ = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in options.items() if v is not None]
+
+    def value(v) -> str:
+        return "" if v is True else " " + (",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v))
+
+    set_ = [f"--{k.replace('_', '-')}{value(v)}" for k, v in options.items() if v is not None]
     dropped = [f"no --{k.replace('_', '-')}" for k, v in options.items() if v is None]
     return ", ".join([" ".join(set_), *dropped]) if set_ else ", ".join(dropped)

@@ -55,11 +55,13 @@ VARIANTS: dict[str, dict] = {
     "kl_0.1": {"kl_coef": 0.1},
     # the ceiling at this budget: the leave-one-out run with the gold judge itself as its reward, against "rloo"
     "rloo_gold_reward": {"advantage": "rloo", **GROUPED, "reward_model": None, "reward_fn": ["support"]},
+    # the leave-one-out run at the plan's time: its step costs about 0.6 of the plan's (no value model), so 26 steps
+    "rloo_steps_26": {"advantage": "rloo", **GROUPED, "max_steps": 26},
     # (a moving reference, --ref-update-steps or --ref-ema, needs full fine-tuning: with LoRA the reference is
     # the base weights)
 }
 # a variant that changes one option of another variant rather than of the plan is also paired with that one
-BASE = {"rloo_gold_reward": "rloo"}
+BASE = {"rloo_gold_reward": "rloo", "rloo_steps_26": "rloo"}
 
 
 def trained(folder: Path) -> bool:

@@ -282,7 +282,7 @@ def rl_knobs(selection: str) -> list[str]:
         )
         rows.append([*cells, f"{statistics.mean(g['kl'] for g in got):.1f}", climb])
     header = ["policy", *(f"gain: seed {s}" for s in seeds), "mean", "− PPO (the plan's)", "− DPO", "KL to SFT"]
-    return [*table([*header, "RM score in training: first → last quarter"], rows), "", sources(*runs)]
+    return [*table([*header, "reward in training: first → last quarter"], rows), "", sources(*runs)]
 
 
 def option_flags(options: dict) -> str:

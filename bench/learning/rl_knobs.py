@@ -102,13 +102,18 @@ def print_table(run: dict) -> None:
         print("(no policy evaluated yet)")
         return
     print(f"seed {run['args']['seed']}: SFT gold {policies['sft']['gold']:.3f}")
-    print("| policy | gain over SFT | − PPO (plan) | − DPO | KL to SFT | RM score: first → last quarter | s/step |")
+    print(
+        "| policy | gain over SFT | − PPO (plan), or − its base | − DPO | KL to SFT "
+        "| RM score: first → last quarter | s/step |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, got in policies.items():
         if name == "sft":
             continue
 
         def cell(key: str) -> str:
+            if key == "minus_ppo" and "minus_base" in got:  # one change from another variant: paired with that
+                return f"{got['minus_base']['base']}: {cell('minus_base')}"
             d = got.get(key)
             return "—" if d is None else f"{d['mean']:+.2f} ± {d['se']:.2f}"
 

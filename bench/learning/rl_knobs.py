@@ -207,12 +207,10 @@ def main(argv: list[str] | None = None) -> None:
             got["curve"] = training_curve(work / name)
         if name not in ("sft", "dpo", "ppo"):
             got["minus_ppo"] = paired(gold[name], gold["ppo"])
-        base_rows = work / BASE.get(name, "") / "rl_knobs_eval.jsonl"  # its base, evaluated by this seed's runs
-        if name in BASE and base_rows.is_file():
-            got["minus_base"] = {
-                "base": BASE[name],
-                **paired(gold[name], [r["gold"] for r in read_jsonl(str(base_rows))]),
-            }
+        base = BASE.get(name)
+        if base and (work / base / "rl_knobs_eval.jsonl").is_file():  # its base, evaluated by this seed's runs
+            base_gold = [r["gold"] for r in read_jsonl(str(work / base / "rl_knobs_eval.jsonl"))]
+            got["minus_base"] = {"base": base, **paired(gold[name], base_gold)}
         results["policies"][name] = got
         results["seconds"][f"eval_{name}"] = round(time.perf_counter() - start, 1)
         log(f"seed {args.seed}: {name} gold {got['gold']:.3f}")

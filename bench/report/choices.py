@@ -243,10 +243,10 @@ def critic_table(runs: list[dict], dpo: dict[int, dict] | None = None) -> list[s
 def rl_knobs(selection: str) -> list[str]:
     """PPO's options one at a time on the pretrained demo's support task (bench/learning/rl_knobs.py), one row a
     policy: its gold gain over SFT in each seed ± the paired standard error over the replies, the mean over seeds ±
-    its standard error, its difference from the plan's PPO (the one change; or from the variant it changes one option of) and from DPO at the same labels as the
-    mean over seeds ± its standard error with the paired t-test's p across seeds and how many seeds were ahead, its
-    KL to SFT, and whether it climbed its reward model during training (the mean score over the first and the last
-    quarter of its steps, averaged over seeds)."""
+    its standard error, its difference from the plan's PPO (the one change; or from the variant it changes one
+    option of) and from DPO at the same labels as the mean over seeds ± its standard error with the paired t-test's
+    p across seeds and how many seeds were ahead, its KL to SFT, and whether it climbed its reward during training
+    (the mean score over the first and the last quarter of its steps, averaged over seeds)."""
     runs = select(selection)
     by_seed: dict[int, dict] = {}
     for run in runs:
@@ -271,7 +271,7 @@ def rl_knobs(selection: str) -> list[str]:
                 key = "minus_base"
             diffs = [g[key]["mean"] for g in got if key in g]
             cell = f"{pm(mean_se(diffs), sign='+')} ({across_seeds(diffs)})" if len(diffs) > 1 else "—"
-            base = next((g[key]["base"] for g in got if key == "minus_base"), None)
+            base = next((g[key]["base"] for g in got if key in g), None) if key == "minus_base" else None
             cells.append(f"− the `{option_flags(changed[base])}` row: {cell}" if base in changed else cell)
         curves = [g["curve"] for g in got if "curve" in g]
         climb = (

@@ -15,7 +15,7 @@ import pytest
 
 from bench import results_file, suite, tables
 from bench.learning import demo_seeds, ppo_critic, rl_knobs
-from bench.report import iterate, parts
+from bench.report import choices, iterate, parts
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -261,10 +261,20 @@ def test_every_rl_knobs_variant_is_a_valid_ppo_run_of_the_plan():
     from rlhfkit.config.parse import build_config
     from rlhfkit.demo.plan import PRETRAINED
 
-    base = {"model": "sft", "reward_model": "rm", "value_model": "rm", "data": "p.jsonl", **PRETRAINED["ppo"]}
+    def built(name: str, options: dict):
+        return build_config(name, COMMANDS["ppo"].config, {k: (v, k) for k, v in options.items()}, None)
+
+    base = {"model": "sft", "reward_model": "rm", "data": "p.jsonl", "output_dir": "out"}
+    critic = {**base, **rl_knobs.critic_run(PRETRAINED["ppo"], "rm")}
+    assert built("rl_knobs ppo", critic).needs_critic
     for name, variant in rl_knobs.VARIANTS.items():
-        options = rl_knobs.ppo_options({**base, "output_dir": "out"}, variant)
-        build_config(f"rl_knobs {name}", COMMANDS["ppo"].config, {k: (v, k) for k, v in options.items()}, None)
+        built(f"rl_knobs {name}", rl_knobs.ppo_options(critic, variant))
+    # the plan's own RL stage is the variant its table marks: the same run but for when it logs
+    plan = built("plan", {**base, **PRETRAINED["ppo"]})
+    variant = built("variant", rl_knobs.ppo_options(critic, rl_knobs.VARIANTS[choices.PLAN_RL_VARIANT]))
+    for cfg in (plan, variant):
+        cfg.monitor.gold_steps = cfg.monitor.sample_steps = 0
+    assert plan == variant and not plan.needs_critic
 
 
 def test_the_rl_knobs_table_names_each_variant_by_its_flags():
@@ -316,4 +326,4 @@ def test_the_rl_knobs_table_pairs_a_variant_with_the_variant_it_changes(monkeypa
     gold = rows["| `--advantage rloo --num-generations 4 --reward-fn support, no --value-model, no --reward-model`"]
     assert "− the `--advantage rloo --num-generations 4, no --value-model` row: +0.25 ± 0.05" in gold
     assert "row:" not in rows["| `--advantage rloo --num-generations 4, no --value-model`"]
-    assert rows["| PPO, the plan"].count("+0.10 ± 0.10") == 2
+    assert rows["| PPO with a critic (GAE, value model from the RM)"].count("+0.10 ± 0.10") == 2

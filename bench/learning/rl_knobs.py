@@ -1,14 +1,15 @@
-"""PPO's options one at a time on the support task with a pretrained model, against the plan's PPO and DPO at
+"""PPO's options one at a time on the support task with a pretrained model, against PPO with a critic and DPO at
 the same 600 labels, scored by the gold judge.
 
     python -m bench rl_knobs --model SmolLM2-135M-Instruct.Q4_1.gguf --seed 0 --variants rloo
     python -m bench rl_knobs --report bench/reported/rl_knobs.json
 
 For one seed: the task data, then the demo plan's SFT, reward model and DPO (``rlhfkit/recipes/demo/``), PPO at the
-plan's settings (``ppo``), and one PPO run per ``--variants`` name, each the plan's PPO with only the options of
-``VARIANTS[name]`` changed. Every policy is evaluated as the demo evaluates (the held-out prompts, the plan's
+plan's settings with a critic (``ppo``: GAE, a value model started from the reward model, 16 steps; the plan's own
+RL stage is the variant ``rloo_steps_26``), and one PPO run per ``--variants`` name, each that run with only the
+options of ``VARIANTS[name]`` changed. Every policy is evaluated as the demo evaluates (the held-out prompts, the plan's
 samples a prompt, the evaluation's sampling settings, the seed), so replies pair one by one: each policy's gain over
-SFT, a variant's difference from the plan's PPO (what the one change did) and from DPO, each ± its paired standard
+SFT, a variant's difference from PPO with a critic (what the one change did) and from DPO, each ± its paired standard
 error over the replies. Also each PPO run's reward-model score over its first and last quarter of steps (does it
 climb its reward model?), its KL to SFT and its seconds. Models already in ``--work-dir`` are kept, so an
 interrupted seed resumes and a
@@ -38,15 +39,24 @@ from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.tasks import get_judge
 from rlhfkit.tasks.support import write_task_data
 
-# Each variant is the plan's PPO with these options changed (None: the option left out, its default). A
-# critic-free estimator samples 4 replies to each of 4 prompts where the plan's PPO samples one to each of 16, so
-# the rollouts a step stay 16.
+# The run every variant changes ("ppo"): the plan's PPO options with a critic instead of its leave-one-out
+# advantages: GAE, a value model started from the reward model, one reply to each of 16 prompts a step, 16 steps.
+CRITIC = {"advantage": "gae", "num_generations": 1, "max_steps": 16, "gold_steps": 16, "sample_steps": 8}
+
+
+def critic_run(ppo_settings: dict, reward_model: str, quick: bool = False) -> dict:
+    """The baseline's options from the plan's PPO stage ``ppo_settings`` (``--quick``: its step counts kept)."""
+    critic = {k: v for k, v in CRITIC.items() if not quick or k in ("advantage", "num_generations")}
+    return {**ppo_settings, **critic, "value_model": reward_model}
+
+# Each variant is that run with these options changed (None: the option left out, its default). A critic-free
+# estimator samples 4 replies to each of 4 prompts, so the rollouts a step stay 16.
 GROUPED = {"num_generations": 4, "value_model": None}
 VARIANTS: dict[str, dict] = {
     "rloo": {"advantage": "rloo", **GROUPED},
     "grpo": {"advantage": "grpo", **GROUPED},
     "value_head": {"value_model": None},
-    # 4 steps that train the value model alone on the SFT policy's rollouts, then the plan's 16 PPO steps
+    # 4 steps that train the value model alone on the SFT policy's rollouts, then the 16 PPO steps
     "value_warmup_4": {"value_warmup_steps": 4, "max_steps": 20},
     "whiten_rewards": {"whiten_rewards": True},
     "missing_eos_penalty": {"missing_eos_penalty": 1.0},
@@ -55,12 +65,13 @@ VARIANTS: dict[str, dict] = {
     "kl_0.1": {"kl_coef": 0.1},
     # the ceiling at this budget: the leave-one-out run with the gold judge itself as its reward, against "rloo"
     "rloo_gold_reward": {"advantage": "rloo", **GROUPED, "reward_model": None, "reward_fn": ["support"]},
-    # the leave-one-out run at the plan's time: its step costs about 0.6 of the plan's (no value model), so 26 steps
+    # the leave-one-out run at the critic's time: its step costs about 0.6 of a critic step, so 26 steps (the
+    # plan's RL stage)
     "rloo_steps_26": {"advantage": "rloo", **GROUPED, "max_steps": 26},
     # (a moving reference, --ref-update-steps or --ref-ema, needs full fine-tuning: with LoRA the reference is
     # the base weights)
 }
-# a variant that changes one option of another variant rather than of the plan is also paired with that one
+# a variant that changes one option of another variant rather than of the baseline is also paired with that one
 BASE = {"rloo_gold_reward": "rloo", "rloo_steps_26": "rloo"}
 
 
@@ -177,8 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         "data": data["prompts_train"],
         "eval_data": data["prompts_eval"],
         "gold_judge": "support",
-        **({"value_model": str(work / "rm")} if run_plan.value_model else {}),
-        **settings["ppo"],
+        **critic_run(settings["ppo"], str(work / "rm"), args.quick),
         **common,
     }
     for name in ["ppo", *variants]:

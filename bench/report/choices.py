@@ -240,10 +240,13 @@ def critic_table(runs: list[dict], dpo: dict[int, dict] | None = None) -> list[s
     return table(header, rows)
 
 
+PLAN_RL_VARIANT = "rloo_steps_26"  # the rl_knobs variant that runs the pretrained demo plan's RL stage
+
+
 def rl_knobs(selection: str) -> list[str]:
     """PPO's options one at a time on the pretrained demo's support task (bench/learning/rl_knobs.py), one row a
     policy: its gold gain over SFT in each seed ± the paired standard error over the replies, the mean over seeds ±
-    its standard error, its difference from the plan's PPO (the one change; or from the variant it changes one
+    its standard error, its difference from PPO with a critic (the one change; or from the variant it changes one
     option of) and from DPO at the same labels as the mean over seeds ± its standard error with the paired t-test's
     p across seeds and how many seeds were ahead, its KL to SFT, and whether it climbed its reward during training
     (the mean score over the first and the last quarter of its steps, averaged over seeds)."""
@@ -258,11 +261,13 @@ def rl_knobs(selection: str) -> list[str]:
     changed: dict[str, dict] = {}
     for run in runs:
         changed.update(run.get("variants", {}))
-    labels = {"dpo": "DPO", "ppo": "PPO, the plan"}
+    labels = {"dpo": "DPO", "ppo": "PPO with a critic (GAE, value model from the RM)"}
     rows = []
     for name in names:
         got = [by_seed[s].get(name) for s in seeds]
         label = labels.get(name) or (f"`{option_flags(changed[name])}`" if name in changed else name)
+        if name == PLAN_RL_VARIANT:
+            label += " (the plan)"
         cells = [label, *("—" if g is None else f"{g['gain']['mean']:+.2f} ± {g['gain']['se']:.2f}" for g in got)]
         got = [g for g in got if g is not None]
         cells.append(pm(mean_se([g["gain"]["mean"] for g in got]), sign="+") if len(got) > 1 else "—")
@@ -281,7 +286,7 @@ def rl_knobs(selection: str) -> list[str]:
             else "—"
         )
         rows.append([*cells, f"{statistics.mean(g['kl'] for g in got):.1f}", climb])
-    header = ["policy", *(f"gain: seed {s}" for s in seeds), "mean", "− PPO (the plan's)", "− DPO", "KL to SFT"]
+    header = ["policy", *(f"gain: seed {s}" for s in seeds), "mean", "− PPO with a critic", "− DPO", "KL to SFT"]
     return [*table([*header, "reward in training: first → last quarter"], rows), "", sources(*runs)]
 
 

@@ -5,10 +5,11 @@ pretrained model given with ``--model`` (a Hugging Face folder or a ``.gguf`` fi
 
 The built-in model's plan is ``demo/tiny``. Above ``LORA_ABOVE`` parameters a pretrained model gets
 ``demo/smollm2-135m-lora``, where every stage trains LoRA adapters (the PPO and DPO reference is then the same
-backbone with its adapters off; the reward model's and the value model's new score heads train in full); a smaller
-one gets the built-in model's. ``--quick`` runs ``demo/quick``, with the pretrained plan's LoRA options on a
-pretrained model. On every model PPO's value function is a network started from the reward model (with adapters on
-its backbone when the policy has them), in plain PPO as in iterated PPO, so the two differ only in their labels'
+backbone with its adapters off; the reward model's new score head trains in full), and PPO's advantages are
+leave-one-out (several replies a prompt, no value model); a smaller one gets the built-in model's. ``--quick`` runs
+``demo/quick``, with the pretrained plan's LoRA options on a pretrained model. Where a plan's advantage estimator
+needs a critic, PPO's value function is a network started from the reward model (with adapters on its backbone when
+the policy has them). Plain PPO and iterated PPO share the estimator, so the two differ only in their labels'
 timing. The pretrained model's own chat template formats every prompt (``chat_rows``).
 """
 
@@ -27,6 +28,7 @@ from rlhfkit.data.templates import has_chat_template
 from rlhfkit.errors import UserError
 from rlhfkit.files import write_jsonl
 from rlhfkit.models.loading import check_model_dir, load_tokenizer
+from rlhfkit.ops.estimators import get_advantage_estimator
 from rlhfkit.tasks.support.prompts import customer_message
 
 LORA_ABOVE = 50_000_000  # parameters
@@ -75,7 +77,8 @@ ADAPTERS = dict(**LORA, save_merged=PRETRAINED["sft"]["save_merged"])
 class Plan:
     """One demo run's choices. ``settings``: options per stage (by name); ``sizes``: task rows (None: the task's
     defaults); ``no_kl_steps``: the beta = 0 ablation's steps; ``eval_samples``: samples per held-out prompt;
-    ``value_model``: PPO's value function starts from the reward model (else a head on the policy);
+    ``value_model``: PPO's value function starts from the reward model (its advantage estimator needs a critic;
+    else PPO runs without one);
     ``parameters``: the model's parameter count (0 for the built-in one, made by the demo); ``parameter_bytes``:
     the bytes a parameter takes in its saved weights;
     ``pairs_per_round``: iterated PPO's pairs per round (None: half the preference labels spread over its
@@ -121,6 +124,7 @@ def _plan(settings: dict, numbers: dict, sizes: dict, parameters: int, parameter
         sizes,
         numbers["no_kl_steps"],
         numbers["eval_samples"],
+        value_model=get_advantage_estimator(settings["ppo"].get("advantage", "gae")).needs_critic,
         parameters=parameters,
         parameter_bytes=parameter_bytes,
         notes=notes or [],

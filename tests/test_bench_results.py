@@ -239,6 +239,18 @@ def test_ppo_critic_changes_only_the_value_function_and_the_steps(tmp_path):
         ppo_critic.variant_command(demo, "critic:16", tmp_path / "out", 2)
 
 
+def test_ppo_critic_refuses_a_demo_whose_ppo_has_no_critic(tmp_path):
+    demo = tmp_path / "seed0"
+    (demo / "ppo").mkdir(parents=True)
+    (demo / "ppo" / "config.yaml").write_text("advantage:\n  advantage: rloo\n  num_generations: 4\n")
+    with pytest.raises(SystemExit, match="--advantage rloo, without a value function"):
+        ppo_critic.one_seed(argparse.Namespace(), demo, None)
+    (demo / "ppo" / "config.yaml").write_text("advantage: gae\n")  # flat, as a user's file may be
+    assert ppo_critic.demo_estimator(demo) == "gae"
+    (demo / "ppo" / "config.yaml").write_text("kl:\n  kl_coef: 0.05\n")  # the default estimator
+    assert ppo_critic.demo_estimator(demo) == "gae"
+
+
 def test_rl_knobs_changes_only_the_options_its_variant_names():
     from rlhfkit.commands import COMMANDS
     from rlhfkit.config.parse import flat_dict

@@ -29,6 +29,8 @@ from bench.harness.runs import BENCH, Results, check, log, rlhfkit_cmd, run_meas
 from bench.learning.dpo_beta import evaluated, paired
 from bench.report.choices import critic_table
 from bench.stamp import Stamp, summary
+from rlhfkit.config.parse import load_yaml
+from rlhfkit.ops.estimators import get_advantage_estimator
 
 
 def variant_command(demo: Path, variant: str, out: Path, threads: int) -> list[str]:
@@ -43,12 +45,25 @@ def variant_command(demo: Path, variant: str, out: Path, threads: int) -> list[s
     return cmd
 
 
+def demo_estimator(demo: Path) -> str:
+    """The advantage estimator of the demo's PPO run (its ppo/config.yaml, flat or by part)."""
+    saved = load_yaml(str(demo / "ppo" / "config.yaml"))
+    part = saved.get("advantage")
+    return part.get("advantage", "gae") if isinstance(part, dict) else (part or "gae")
+
+
 def step_seconds(out: Path) -> float:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return statistics.median(r["time/step_s"] for r in rows if "time/step_s" in r)
 
 
 def one_seed(args, demo: Path, results: Results) -> None:
+    estimator = demo_estimator(demo)
+    if not get_advantage_estimator(estimator).needs_critic:
+        raise SystemExit(
+            f"ppo_critic: {demo}'s PPO ran --advantage {estimator}, without a value function; this compares value "
+            "functions of a demo whose PPO has a critic (gae, sequence)"
+        )
     demo_summary = json.loads((demo / "summary.json").read_text())
     seed = int(demo_summary["seed"])
     ns = argparse.Namespace(demo_dir=str(demo), model=args.model, seed=seed, quick=args.quick)

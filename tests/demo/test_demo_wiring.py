@@ -550,16 +550,19 @@ def test_a_demo_stops_before_its_first_stage_when_the_disk_cannot_hold_its_model
     from rlhfkit.demo.plan import PRETRAINED, Plan, model_size
 
     # a 135M-parameter model: SFT, RM, PPO, DPO, online DPO's first, final and 2 rounds' policies, and iterated
-    # PPO's first RM, final policy and 2 rounds of (RM, policy, value model): each saved whole in float32 when
-    # the stages save merged models, or as a LoRA adapter (the plan's own choice)
+    # PPO's first RM, final policy and 2 rounds of (RM, policy; no value model: the plan's leave-one-out
+    # advantages need none): each saved whole in float32 when the stages save merged models, or as a LoRA
+    # adapter (the plan's own choice)
     merged = {name: {**stage, "save_merged": True} for name, stage in PRETRAINED.items()}
     smol = Plan(merged, None, 40, 2, parameters=135_000_000)
-    assert support.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 16
-    assert support.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 17
+    assert support.disk_needed(smol, ablation=False) == 4 * 135_000_000 * 14
+    assert support.disk_needed(smol, ablation=True) == 4 * 135_000_000 * 15
+    critic = {**merged, "iterate": {**merged["iterate"], "advantage": "gae"}}  # a value model each round
+    assert support.disk_needed(Plan(critic, None, 40, 2, parameters=135_000_000), False) == 4 * 135_000_000 * 16
     half_smol = Plan(merged, None, 40, 2, parameters=135_000_000, parameter_bytes=2)  # bfloat16
-    assert support.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 16
+    assert support.disk_needed(half_smol, ablation=False) == 2 * 135_000_000 * 14
     adapters = Plan(PRETRAINED, None, 40, 2, parameters=135_000_000)
-    assert support.disk_needed(adapters, ablation=False) == int(4 * 135_000_000 * 16 * support.ADAPTER_SHARE)
+    assert support.disk_needed(adapters, ablation=False) == int(4 * 135_000_000 * 14 * support.ADAPTER_SHARE)
     assert support.disk_needed(Plan(PRETRAINED, None, 40, 2), ablation=True) == 0  # the built-in model
     assert model_size(str(tiny_model_dir))[1] == 4
     config = json.loads((tiny_model_dir / "config.json").read_text())

@@ -62,3 +62,24 @@ def test_a_number_changed_in_a_recipe_changes_what_the_demo_runs(edited_recipes)
     reloaded = importlib.reload(plan)
     run_plan = reloaded.plan(False)
     assert run_plan.settings["ppo"]["kl_coef"] == 0.25 and run_plan.sizes["sft"] == 123
+
+
+def test_ppo_starts_a_value_model_exactly_where_its_estimator_needs_a_critic(monkeypatch):
+    from rlhfkit.commands import COMMANDS
+    from rlhfkit.config.parse import build_config
+    from rlhfkit.errors import UserError
+
+    assert plan.plan(False).value_model  # the built-in model's PPO learns a value model (GAE)
+    monkeypatch.setattr(plan, "model_size", lambda model: (135_000_000, 4))
+    pretrained = plan.plan(False, "a-model")
+    assert not pretrained.value_model  # leave-one-out advantages, in PPO and in iterated PPO alike
+    assert pretrained.settings["ppo"]["advantage"] == pretrained.settings["iterate"]["advantage"] == "rloo"
+    options = {"model": "sft", "reward_model": "rm", "data": "p.jsonl", "output_dir": "o", **pretrained.settings["ppo"]}
+
+    def built(extra: dict):
+        values = {k: (v, k) for k, v in {**options, **extra}.items()}
+        return build_config("ppo", COMMANDS["ppo"].config, values, None)
+
+    assert not built({}).needs_critic
+    with pytest.raises(UserError, match="value_model|value-model"):  # what the demo must then leave out
+        built({"value_model": "rm"})

@@ -147,7 +147,8 @@ def test_the_demo_sizes_its_stages_for_the_real_model_and_speaks_its_chat_templa
     from rlhfkit.tasks.support.judge import gold_score
 
     run = plan(quick=False, model=str(smollm2_gguf))
-    assert run.parameters > LORA_ABOVE and run.value_model  # the same critic as iterated PPO
+    assert run.parameters > LORA_ABOVE and not run.value_model  # leave-one-out advantages: no value model
+    assert run.settings["ppo"]["advantage"] == run.settings["iterate"]["advantage"]  # as iterated PPO's
     # every stage trains rank-16 adapters (the reward model's new score head in full) and saves them alone
     stages = ("sft", "rm", "ppo", "dpo", "iterate", "online_dpo")
     assert all(run.settings[s]["lora_r"] == 16 and run.settings[s]["save_merged"] is False for s in stages)

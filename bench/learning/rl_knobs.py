@@ -49,6 +49,7 @@ def critic_run(ppo_settings: dict, reward_model: str, quick: bool = False) -> di
     critic = {k: v for k, v in CRITIC.items() if not quick or k in ("advantage", "num_generations")}
     return {**ppo_settings, **critic, "value_model": reward_model}
 
+
 # Each variant is that run with these options changed (None: the option left out, its default). A critic-free
 # estimator samples 4 replies to each of 4 prompts, so the rollouts a step stay 16.
 GROUPED = {"num_generations": 4, "value_model": None}

@@ -26,8 +26,8 @@ from rlhfkit.errors import UserError, option
 from rlhfkit.files import read_jsonl, write_jsonl
 from rlhfkit.inference.evaluate import evaluate_policy, pair_agreement, sample_diagnostics
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-from rlhfkit.ops.estimators import get_advantage_estimator
 from rlhfkit.models.reward import RewardScorer
+from rlhfkit.ops.estimators import get_advantage_estimator
 from rlhfkit.tasks import get_judge
 from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
 from rlhfkit.training.runtime import cpu_threads
@@ -78,9 +78,9 @@ ADAPTER_SHARE = 0.05  # a LoRA adapter's size against its model's: rank 16 on ev
 def disk_needed(run_plan: Plan, ablation: bool, gold_reward: bool = False) -> int:
     """Bytes a demo on a given model writes, roughly: each model it saves (SFT, the reward model, PPO, DPO, the
     beta = 0 run when it runs, iterated PPO's first reward model, each round's reward model, policy and value
-    model (where its advantage estimator needs one) and its final policy, online DPO's first policy, each round's and its final one) whole in the model's
-    dtype, or a LoRA adapter when its stage saves adapters alone (``--save-merged false``). 0 for the built-in
-    model."""
+    model (where its advantage estimator needs one) and its final policy, online DPO's first policy, each round's
+    and its final one) whole in the model's dtype, or a LoRA adapter when its stage saves adapters alone
+    (``--save-merged false``). 0 for the built-in model."""
     whole = run_plan.parameter_bytes * run_plan.parameters
 
     def size(settings: dict, rank: str = "lora_r") -> float:

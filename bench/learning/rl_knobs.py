@@ -32,7 +32,7 @@ from bench.harness.runs import BENCH, Results, log
 from bench.stamp import Stamp, summary
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.demo.plan import chat_rows, plan
-from rlhfkit.demo.support import EVAL_GENERATION
+from rlhfkit.demo.support import EVAL_GENERATION, loop_options
 from rlhfkit.files import read_jsonl, write_jsonl
 from rlhfkit.inference.evaluate import evaluate_policy
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
@@ -72,8 +72,13 @@ VARIANTS: dict[str, dict] = {
     # (a moving reference, --ref-update-steps or --ref-ema, needs full fine-tuning: with LoRA the reference is
     # the base weights)
 }
-# a variant that changes one option of another variant rather than of the baseline is also paired with that one
-BASE = {"rloo_gold_reward": "rloo", "rloo_steps_26": "rloo"}
+# The plan's loops that label the policy's own pairs, at the same labels (half the offline pairs, then the simulated
+# raters on the policy's pairs, round by round): iterated PPO (the plan's RL stage each round) and online DPO, each
+# with the options of its stage of the plan, as the demo runs them.
+LOOPS = {"iterated": "iterate", "online_dpo": "online_dpo"}
+# a variant that changes one option of another variant rather than of the baseline is also paired with that one;
+# iterated PPO with online DPO, its control at the same labels
+BASE = {"rloo_gold_reward": "rloo", "rloo_steps_26": "rloo", "iterated": "online_dpo"}
 
 
 def trained(folder: Path) -> bool:
@@ -153,9 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.model:
         raise SystemExit("--model: the pretrained model to measure (a folder or a .gguf file)")
     variants = [v for v in args.variants.split(",") if v]
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in VARIANTS and v not in LOOPS]
     if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join([*VARIANTS, *LOOPS])}")
+    # the loops run first: a variant paired with one (iterated PPO with online DPO) finds it evaluated
+    variants = sorted(variants, key=lambda v: (v not in LOOPS, v != "online_dpo"))
     torch.set_num_threads(args.threads)
     defaults = vars(ap.parse_args([]))
     work = Path(args.work_dir) / f"seed{args.seed}"
@@ -166,12 +173,15 @@ def main(argv: list[str] | None = None) -> None:
     common = {"seed": args.seed, "progress": False, "overwrite_output_dir": True, "threads": args.threads}
     results = Results(
         Path(args.out), Stamp(), "rl_knobs", defaults, args=vars(args), model=Path(args.model).name,
-        variants={v: VARIANTS[v] for v in variants}, seconds={}, policies={},
+        variants={v: VARIANTS[v] for v in variants if v in VARIANTS}, seconds={}, policies={},
     )  # fmt: skip
+
+    def policy(name: str) -> Path:
+        return work / name / "final" if name in LOOPS else work / name
 
     def stage(name: str, train) -> None:
         start = time.perf_counter()
-        if not trained(work / name):
+        if not trained(policy(name)):
             train(str(work / name))
             results["seconds"][name] = round(time.perf_counter() - start, 1)
             results.save()
@@ -193,6 +203,11 @@ def main(argv: list[str] | None = None) -> None:
         **common,
     }
     for name in ["ppo", *variants]:
+        if name in LOOPS:
+            loop = loop_options(work, data, settings[LOOPS[name]], run_plan, common, name)
+            loop.update({"algorithm": "dpo"} if name == "online_dpo" else {})
+            stage(name, lambda o, loop=loop: rlhfkit.iterate(**loop))
+            continue
         options = ppo_options(base, VARIANTS.get(name, {}))
         stage(name, lambda o, options=options: rlhfkit.ppo(**{**options, "output_dir": o}))
 
@@ -206,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         if kept.is_file():
             rows = read_jsonl(str(kept))
         else:
-            _, rows = evaluate_policy(str(work / name), prompts, generation, judge=get_judge("support"),
+            _, rows = evaluate_policy(str(policy(name)), prompts, generation, judge=get_judge("support"),
                                       reference=reference if name != "sft" else None, seed=args.seed)  # fmt: skip
             write_jsonl(kept, rows)
         gold[name] = [r["gold"] for r in rows]
@@ -215,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
             got["gain"] = paired(gold[name], gold["sft"])
         if name not in ("sft", "dpo"):
             got["minus_dpo"] = paired(gold[name], gold["dpo"])
+        if name not in ("sft", "dpo", *LOOPS):
             got["curve"] = training_curve(work / name)
         if name not in ("sft", "dpo", "ppo"):
             got["minus_ppo"] = paired(gold[name], gold["ppo"])

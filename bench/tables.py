@@ -65,7 +65,8 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "demo_smol_stage_times": lambda: demo.demo_stage_times("demo/smollm2"),
     "demo_smol_rounds": lambda: demo.demo_rounds("demo/smollm2"),
     "demo_smol_dpo_beta": lambda: choices.dpo_beta("dpo_beta/smollm2"),
-    "demo_smol_critic": lambda: choices.ppo_critic("ppo_critic", "demo/smollm2"),
+    "demo_smol_with_critic": lambda: demo.demo_gains("demo/smollm2-critic", kl=True),
+    "demo_smol_critic": lambda: choices.ppo_critic("ppo_critic", "demo/smollm2-critic"),
     # real-models.md
     "adapter_load": lambda: choices.adapter_load("adapter_load"),
     "demo_smol_threads": lambda: demo.demo_two_ways(

@@ -329,6 +329,8 @@ def test_the_rl_knobs_table_pairs_a_variant_with_the_variant_it_changes(monkeypa
                 "ppo": policy(0.1, minus_dpo=d),
                 "rloo": policy(0.4, minus_ppo=d, minus_dpo=d),
                 "rloo_gold_reward": policy(0.6, minus_ppo=d, minus_dpo=d, minus_base={"base": "rloo", **d}),
+                "online_dpo": policy(0.3, minus_ppo=d, minus_dpo=d),
+                "iterated": policy(0.7, minus_ppo=d, minus_dpo=d, minus_base={"base": "online_dpo", **d}),
             },
         }
 
@@ -339,3 +341,5 @@ def test_the_rl_knobs_table_pairs_a_variant_with_the_variant_it_changes(monkeypa
     assert "− the `--advantage rloo --num-generations 4, no --value-model` row: +0.25 ± 0.05" in gold
     assert "row:" not in rows["| `--advantage rloo --num-generations 4, no --value-model`"]
     assert rows["| PPO with a critic (GAE, value model from the RM)"].count("+0.10 ± 0.10") == 2
+    # iterated PPO is paired with online DPO, its control at the same labels
+    assert "− the online DPO (the plan's) row: +0.25 ± 0.05" in rows["| iterated PPO (the plan's)"]

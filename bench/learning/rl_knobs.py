@@ -120,7 +120,7 @@ def print_table(run: dict) -> None:
         return
     print(f"seed {run['args']['seed']}: SFT gold {policies['sft']['gold']:.3f}")
     print(
-        "| policy | gain over SFT | − PPO (plan), or − its base | − DPO | KL to SFT "
+        "| policy | gain over SFT | − PPO with a critic, or − its base | − DPO | KL to SFT "
         "| RM score: first → last quarter | s/step |"
     )
     print("|---|---|---|---|---|---|---|")

@@ -261,13 +261,21 @@ def rl_knobs(selection: str) -> list[str]:
     changed: dict[str, dict] = {}
     for run in runs:
         changed.update(run.get("variants", {}))
-    labels = {"dpo": "DPO", "ppo": "PPO with a critic (GAE, value model from the RM)"}
+    labels = {
+        "dpo": "DPO",
+        "ppo": "PPO with a critic (GAE, value model from the RM)",
+        "online_dpo": "online DPO (the plan's)",
+        "iterated": "iterated PPO (the plan's)",
+    }
+
+    def label_of(name: str) -> str:
+        label = labels.get(name) or (f"`{option_flags(changed[name])}`" if name in changed else name)
+        return label + " (the plan)" if name == PLAN_RL_VARIANT else label
+
     rows = []
     for name in names:
         got = [by_seed[s].get(name) for s in seeds]
-        label = labels.get(name) or (f"`{option_flags(changed[name])}`" if name in changed else name)
-        if name == PLAN_RL_VARIANT:
-            label += " (the plan)"
+        label = label_of(name)
         cells = [label, *("—" if g is None else f"{g['gain']['mean']:+.2f} ± {g['gain']['se']:.2f}" for g in got)]
         got = [g for g in got if g is not None]
         cells.append(pm(mean_se([g["gain"]["mean"] for g in got]), sign="+") if len(got) > 1 else "—")
@@ -277,7 +285,7 @@ def rl_knobs(selection: str) -> list[str]:
             diffs = [g[key]["mean"] for g in got if key in g]
             cell = f"{pm(mean_se(diffs), sign='+')} ({across_seeds(diffs)})" if len(diffs) > 1 else "—"
             base = next((g[key]["base"] for g in got if key in g), None) if key == "minus_base" else None
-            cells.append(f"− the `{option_flags(changed[base])}` row: {cell}" if base in changed else cell)
+            cells.append(f"− the {label_of(base)} row: {cell}" if base else cell)
         curves = [g["curve"] for g in got if "curve" in g]
         climb = (
             f"{statistics.mean(c['score_first'] for c in curves):.2f} → "

@@ -77,8 +77,6 @@ ADAPTERS = dict(**LORA, save_merged=PRETRAINED["sft"]["save_merged"])
 class Plan:
     """One demo run's choices. ``settings``: options per stage (by name); ``sizes``: task rows (None: the task's
     defaults); ``no_kl_steps``: the beta = 0 ablation's steps; ``eval_samples``: samples per held-out prompt;
-    ``value_model``: PPO's value function starts from the reward model (its advantage estimator needs a critic;
-    else PPO runs without one);
     ``parameters``: the model's parameter count (0 for the built-in one, made by the demo); ``parameter_bytes``:
     the bytes a parameter takes in its saved weights;
     ``pairs_per_round``: iterated PPO's pairs per round (None: half the preference labels spread over its
@@ -88,11 +86,22 @@ class Plan:
     sizes: dict[str, int] | None
     no_kl_steps: int
     eval_samples: int
-    value_model: bool = True
     parameters: int = 0
     parameter_bytes: int = 4
     notes: list[str] = field(default_factory=list)
     pairs_per_round: int | None = None
+
+    @property
+    def value_model(self) -> bool:
+        """PPO's value function starts from the reward model: its advantage estimator needs a critic (else PPO
+        runs without one)."""
+        return needs_critic(self.settings["ppo"])
+
+
+def needs_critic(options: dict) -> bool:
+    """Whether a stage's PPO options (``ppo``, ``iterate``) name an advantage estimator that learns a value function
+    (none named: PPO's default, GAE)."""
+    return get_advantage_estimator(options.get("advantage", "gae")).needs_critic
 
 
 def plan(quick: bool, model: str = "") -> Plan:
@@ -124,7 +133,6 @@ def _plan(settings: dict, numbers: dict, sizes: dict, parameters: int, parameter
         sizes,
         numbers["no_kl_steps"],
         numbers["eval_samples"],
-        value_model=get_advantage_estimator(settings["ppo"].get("advantage", "gae")).needs_critic,
         parameters=parameters,
         parameter_bytes=parameter_bytes,
         notes=notes or [],

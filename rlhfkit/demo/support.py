@@ -19,7 +19,7 @@ from pathlib import Path
 from rlhfkit.config.commands import DemoConfig
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.data.schema import load_examples
-from rlhfkit.demo.plan import Plan, plan
+from rlhfkit.demo.plan import Plan, needs_critic, plan
 from rlhfkit.demo.report import write_report
 from rlhfkit.demo.stages import announce_report, begin, run_stage, stage_config
 from rlhfkit.errors import UserError, option
@@ -27,7 +27,6 @@ from rlhfkit.files import read_jsonl, write_jsonl
 from rlhfkit.inference.evaluate import evaluate_policy, pair_agreement, sample_diagnostics
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.reward import RewardScorer
-from rlhfkit.ops.estimators import get_advantage_estimator
 from rlhfkit.tasks import get_judge
 from rlhfkit.tasks.support import label_noise_ceiling, product_naming_shares, write_task_data
 from rlhfkit.training.runtime import cpu_threads
@@ -90,8 +89,7 @@ def disk_needed(run_plan: Plan, ablation: bool, gold_reward: bool = False) -> in
     s = run_plan.settings
     it, online = s["iterate"], s["online_dpo"]
     policies = size(s["sft"]) + size(s["ppo"]) * (1 + ablation + gold_reward) + size(s["dpo"])
-    critic = get_advantage_estimator(it.get("advantage", "gae")).needs_critic
-    iterated = size(it, "rm_lora_r") * (1 + it["rounds"]) + size(it) * ((1 + critic) * it["rounds"] + 1)
+    iterated = size(it, "rm_lora_r") * (1 + it["rounds"]) + size(it) * ((1 + needs_critic(it)) * it["rounds"] + 1)
     return int(policies + size(s["rm"]) + iterated + size(online) * (online["rounds"] + 2))
 
 

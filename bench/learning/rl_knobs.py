@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -69,6 +70,9 @@ VARIANTS: dict[str, dict] = {
     # the leave-one-out run at the critic's time: its step costs about 0.6 of a critic step, so 26 steps (the
     # plan's RL stage)
     "rloo_steps_26": {"advantage": "rloo", **GROUPED, "max_steps": 26},
+    # the plan's RL stage on the mean score of 3 reward models (Coste et al. 2023) from the same 600 labels, seeds
+    # seed..seed+2 at the plan's settings; member 0 is the seed's reward model itself
+    "rloo_ensemble_3": {"advantage": "rloo", **GROUPED, "max_steps": 26, "reward_model": "rm_ensemble_3"},
     # (a moving reference, --ref-update-steps or --ref-ema, needs full fine-tuning: with LoRA the reference is
     # the base weights)
 }
@@ -78,11 +82,31 @@ VARIANTS: dict[str, dict] = {
 LOOPS = {"iterated": "iterate", "online_dpo": "online_dpo"}
 # a variant that changes one option of another variant rather than of the baseline is also paired with that one;
 # iterated PPO with online DPO, its control at the same labels
-BASE = {"rloo_gold_reward": "rloo", "rloo_steps_26": "rloo", "iterated": "online_dpo"}
+BASE = {
+    "rloo_gold_reward": "rloo",
+    "rloo_steps_26": "rloo",
+    "rloo_ensemble_3": "rloo_steps_26",
+    "iterated": "online_dpo",
+}
+# reward models a variant names by folder (``VARIANTS[v]["reward_model"]``): their ensemble size
+ENSEMBLES = {"rm_ensemble_3": 3}
 
 
 def trained(folder: Path) -> bool:
     return (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file()
+
+
+def ensemble_rm(work: Path, folder: str, members: int, pairs: dict, settings: dict, common: dict) -> Path:
+    """The seed's reward model as member 0 of a ``members``-model ensemble in ``work/folder``: the other members
+    trained by ``rlhfkit rm --ensemble`` resuming past member 0 (the same settings and seed it was trained with)."""
+    out = work / folder
+    if not (out / "ensemble.json").is_file():
+        if not (out / "reward_stats.json").is_file():
+            shutil.copytree(work / "rm", out, dirs_exist_ok=True)
+        log(f"{folder}: training members 1..{members - 1}")
+        options = {**settings["rm"], **common, "overwrite_output_dir": False, "resume": True}
+        rlhfkit.rm(**pairs, output_dir=str(out), ensemble=members, **options)
+    return out
 
 
 def ppo_options(base: dict, variant: dict) -> dict:
@@ -209,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
             stage(name, lambda o, loop=loop: rlhfkit.iterate(**loop))
             continue
         options = ppo_options(base, VARIANTS.get(name, {}))
+        members = ENSEMBLES.get(options.get("reward_model", ""))
+        if members:
+            options["reward_model"] = str(ensemble_rm(work, options["reward_model"], members, pairs, settings, common))
         stage(name, lambda o, options=options: rlhfkit.ppo(**{**options, "output_dir": o}))
 
     prompts = [r["prompt"] for r in read_jsonl(data["prompts_eval"])] * run_plan.eval_samples

@@ -266,6 +266,7 @@ def rl_knobs(selection: str) -> list[str]:
         "ppo": "PPO with a critic (GAE, value model from the RM)",
         "online_dpo": "online DPO (the plan's)",
         "iterated": "iterated PPO (the plan's)",
+        "rloo_ensemble_3": "the plan's RL stage on a 3-member reward-model ensemble's mean",
     }
 
     def label_of(name: str) -> str:

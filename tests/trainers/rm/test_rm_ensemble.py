@@ -157,3 +157,27 @@ def test_resume_skips_finished_members_and_continues_the_interrupted_one(ensembl
         torch.testing.assert_close(value, member1[name], atol=1e-6, rtol=0)
     again = json.loads((out / "ensemble.json").read_text())
     assert again["stats"] == pytest.approx(info["stats"], abs=1e-6)
+
+
+def test_a_finished_reward_model_becomes_member_zero_of_the_ensemble_its_seed_would_train(
+    ensemble, tiny_lm, task_data, tmp_path
+):
+    # bench rl_knobs' ensemble: the seed's reward model, then `--ensemble` resuming past it trains the others
+    import rlhfkit
+    from bench.learning.rl_knobs import ensemble_rm
+
+    pairs = {"model": tiny_lm, "data": task_data["train"], "eval_data": task_data["eval"]}
+    settings = {"rm": {"max_steps": 8, "save_steps": 4, "learning_rate": 3e-3, "batch_size": 16, "max_length": 48}}
+    common = {"seed": 5, "progress": False, "conservative_k": 1.5}
+    rlhfkit.rm(**pairs, output_dir=str(tmp_path / "rm"), **settings["rm"], **common)
+    single = load_file(str(tmp_path / "rm" / "model.safetensors"))
+    out = ensemble_rm(tmp_path, "rm_ensemble_2", 2, pairs, settings, common)
+    info = json.loads((out / "ensemble.json").read_text())
+    assert info["members"] == [".", "member-1"] and info["seeds"] == [5, 6]
+    member1 = load_file(str(out / "member-1" / "model.safetensors"))
+    assert all(torch.equal(value, single[name]) for name, value in load_file(str(out / "model.safetensors")).items())
+    # member 1 is the run of seed 6 that training the ensemble from scratch makes (up to float order), not member 0
+    reference = load_file(str(ensemble / "member-1" / "model.safetensors"))
+    for name, value in member1.items():
+        torch.testing.assert_close(value, reference[name], atol=2e-3, rtol=0)
+    assert max((member1[name] - single[name]).abs().max().item() for name in single) > 0.05

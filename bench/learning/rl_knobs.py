@@ -109,6 +109,15 @@ def ensemble_rm(work: Path, folder: str, members: int, pairs: dict, settings: di
     return out
 
 
+def rm_accuracy(folder: Path) -> float | None:
+    """A reward model's held-out accuracy as its training measured it (an ensemble's: of its members' mean)."""
+    ensemble = folder / "ensemble.json"
+    if ensemble.is_file():
+        return json.loads(ensemble.read_text()).get("eval", {}).get("accuracy")
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return next((r["eval/accuracy"] for r in reversed(rows) if "eval/accuracy" in r), None)
+
+
 def ppo_options(base: dict, variant: dict) -> dict:
     options = dict(base)
     for key, value in variant.items():
@@ -163,6 +172,12 @@ def print_table(run: dict) -> None:
         step = f"{curve['step_s']:.1f}" if curve else "—"
         print(
             f"| {name} | {cell('gain')} | {cell('minus_ppo')} | {cell('minus_dpo')} | {got['kl']:.2f} | {climb} | {step} |"
+        )
+    accuracy = {n: g["rm_accuracy"] for n, g in policies.items() if g.get("rm_accuracy") is not None}
+    if accuracy:
+        print(
+            "reward model's held-out accuracy, by the run on it: "
+            + ", ".join(f"{n} {a:.3f}" for n, a in accuracy.items())
         )
     print(summary(run.get("stamp")))
 
@@ -259,6 +274,9 @@ def main(argv: list[str] | None = None) -> None:
             got["minus_dpo"] = paired(gold[name], gold["dpo"])
         if name not in ("sft", "dpo", *LOOPS):
             got["curve"] = training_curve(work / name)
+        reward_model = "rm" if name == "ppo" else VARIANTS.get(name, {}).get("reward_model")
+        if reward_model in ("rm", *ENSEMBLES):  # the reward model's held-out accuracy, beside the run on it
+            got["rm_accuracy"] = rm_accuracy(work / reward_model)
         if name not in ("sft", "dpo", "ppo"):
             got["minus_ppo"] = paired(gold[name], gold["ppo"])
         base = BASE.get(name)

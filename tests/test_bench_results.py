@@ -343,3 +343,13 @@ def test_the_rl_knobs_table_pairs_a_variant_with_the_variant_it_changes(monkeypa
     assert rows["| PPO with a critic (GAE, value model from the RM)"].count("+0.10 ± 0.10") == 2
     # iterated PPO is paired with online DPO, its control at the same labels
     assert "− the online DPO (the plan's) row: +0.25 ± 0.05" in rows["| iterated PPO (the plan's)"]
+
+
+def test_rl_knobs_reads_a_reward_models_held_out_accuracy(tmp_path):
+    single = tmp_path / "rm"
+    single.mkdir()
+    rows = [{"step": 40, "eval/accuracy": 0.61}, {"step": 75, "loss": 0.6}, {"step": 75, "eval/accuracy": 0.7}]
+    (single / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rl_knobs.rm_accuracy(single) == 0.7  # the last evaluation
+    (single / "ensemble.json").write_text(json.dumps({"members": ["."], "eval": {"accuracy": 0.74}}))
+    assert rl_knobs.rm_accuracy(single) == 0.74  # an ensemble's: of its mean score

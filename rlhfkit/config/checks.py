@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlhfkit.config import trackers
-from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs
+from rlhfkit.config.parts import LoraArgs, OptimArgs, RunArgs, StoppingArgs
 from rlhfkit.errors import UserError, option
 
 
@@ -58,3 +58,18 @@ def check_training(optim: OptimArgs, run: RunArgs, lora: LoraArgs | None = None)
     if lora is not None:
         at_least(0, lora_r=lora.lora_r)
     run.report_to = trackers.check(run.report_to)  # comma-separated names split; a missing package named now
+
+
+def check_stopping(stopping: StoppingArgs, run: RunArgs, eval_data: str) -> None:
+    """--keep-best and --patience watch periodic held-out evaluations: they need --eval-data and --eval-steps > 0."""
+    at_least(0, patience=stopping.patience)
+    if not (stopping.keep_best or stopping.patience):
+        return
+    what = option("keep_best", True) if stopping.keep_best else option("patience")
+    if not eval_data:
+        raise UserError(f"{what} picks a step by the held-out loss: give {option('eval_data')}")
+    if run.eval_steps <= 0:
+        raise UserError(
+            f"{what} compares held-out evaluations during training: give {option('eval_steps')} > 0 "
+            f"(got {run.eval_steps})"
+        )

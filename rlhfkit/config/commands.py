@@ -12,10 +12,19 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from rlhfkit.config import options
-from rlhfkit.config.checks import at_least, check_training, positive
+from rlhfkit.config.checks import at_least, check_stopping, check_training, positive
 from rlhfkit.config.online import GRPOConfig, PPOConfig, RLOOConfig  # noqa: F401  (every config importable here)
 from rlhfkit.config.pages import LabelConfig, ViewConfig  # noqa: F401
-from rlhfkit.config.parts import DataArgs, GenerationArgs, LoraArgs, ModelArgs, OptimArgs, PackingArgs, RunArgs
+from rlhfkit.config.parts import (
+    DataArgs,
+    GenerationArgs,
+    LoraArgs,
+    ModelArgs,
+    OptimArgs,
+    PackingArgs,
+    RunArgs,
+    StoppingArgs,
+)
 from rlhfkit.errors import UserError, option
 from rlhfkit.ops.losses import DPO_LOSS_TYPES
 
@@ -54,9 +63,11 @@ class SFTConfig:
     optim: OptimArgs = field(default_factory=OptimArgs)
     packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
+    stopping: StoppingArgs = field(default_factory=StoppingArgs)
 
     def check(self) -> None:
         check_training(self.optim, self.run, self.lora)
+        check_stopping(self.stopping, self.run, self.data.eval_data)
 
 
 @dataclass
@@ -68,6 +79,10 @@ class RewardArgs:
     (and std)."""
     conservative_k: float = 1.0
     """k of the ensemble's conservative score mean - k x std (what `ppo --ensemble-mode uncertainty` optimises)."""
+    weight_average: bool = False
+    """With --ensemble K: the members share one initialisation (--seed; seed + i orders member i's data), and
+    OUT/average is one reward model whose weights are their mean (WARM, Ramé et al. 2024; LoRA members: one
+    adapter of rank K x r), which scores at the cost of one model: give it to ppo as --reward-model OUT/average."""
 
 
 @dataclass
@@ -80,10 +95,14 @@ class RMConfig:
     optim: OptimArgs = field(default_factory=OptimArgs)
     packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
+    stopping: StoppingArgs = field(default_factory=StoppingArgs)
 
     def check(self) -> None:
         check_training(self.optim, self.run, self.lora)
+        check_stopping(self.stopping, self.run, self.data.eval_data)
         positive(ensemble=self.reward.ensemble)
+        if self.reward.weight_average and self.reward.ensemble < 2:
+            raise UserError(f"{option('weight_average', True)} averages the members of {option('ensemble')} K >= 2")
         at_least(0, center_coef=self.reward.center_coef, conservative_k=self.reward.conservative_k)
 
 
@@ -114,9 +133,11 @@ class DPOConfig:
     optim: OptimArgs = field(default_factory=lambda: OptimArgs(learning_rate=5e-6))
     packing: PackingArgs = field(default_factory=PackingArgs)
     run: RunArgs = field(default_factory=RunArgs)
+    stopping: StoppingArgs = field(default_factory=StoppingArgs)
 
     def check(self) -> None:
         check_training(self.optim, self.run, self.lora)
+        check_stopping(self.stopping, self.run, self.data.eval_data)
         positive(beta=self.dpo.beta)
         if not 0 <= self.dpo.label_smoothing < 0.5:
             raise UserError(f"{option('label_smoothing')} must be in [0, 0.5), got {self.dpo.label_smoothing}")

@@ -134,6 +134,17 @@ class RunArgs:
 
 
 @dataclass
+class StoppingArgs:
+    keep_best: bool = False
+    """Keep the weights of the held-out evaluation with the lowest eval/loss (every --eval-steps on --eval-data)
+    rather than the last step's: the final model, and a reward model's score statistics, come from that step.
+    After --resume the best is tracked from the resumed step on."""
+    patience: int = 0
+    """Stop once this many held-out evaluations in a row have not lowered eval/loss (0: train every step).
+    Needs --eval-data and --eval-steps > 0."""
+
+
+@dataclass
 class PackingArgs:
     pack_sequences: bool = True
     """Run teacher-forced passes (forward/backward, log-probs, values, reward scores) on packed rows: several

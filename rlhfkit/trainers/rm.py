@@ -10,7 +10,9 @@ resumed run then match an uninterrupted one exactly.
 
 ``--ensemble K`` trains K independent reward models with seeds seed, seed+1, ...: member 0 in
 ``OUT`` itself, member i in ``OUT/member-i`` (each a full reward-model directory with its own
-metrics.jsonl and checkpoints), listed in ``OUT/ensemble.json`` with the ensemble's statistics.
+metrics.jsonl and checkpoints), listed in ``OUT/ensemble.json`` with the ensemble's statistics. With
+``--weight-average`` the members share member 0's initialisation (seed i orders member i's data only), and
+``OUT/average`` is their weight average (``rlhfkit.models.average``), one reward model with statistics of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rlhfkit.data.encode import Encoded, encode_preference
 from rlhfkit.data.lengths import report_pair_rows
 from rlhfkit.data.schema import PreferenceExample, load_examples
 from rlhfkit.files import write_json
+from rlhfkit.models.average import weight_average
 from rlhfkit.models.loading import load_tokenizer, position_limit
 from rlhfkit.models.lora import apply_lora
 from rlhfkit.models.reward import (
@@ -46,6 +49,7 @@ from rlhfkit.training.runtime import disable_dropout, pick_device, seed_everythi
 from rlhfkit.training.session import Session, Trainables
 
 logger = logging.getLogger(__name__)
+AVERAGE_DIR = "average"
 
 # reward_stats.json (the score mean and std PPO normalises with) comes from at most this many training pairs
 STATS_PAIRS = 500
@@ -171,11 +175,14 @@ def train(cfg: RMConfig) -> dict:
         members.append(Path(member_cfg.run.output_dir))
         if cfg.run.resume and (members[-1] / STATS_FILE).is_file():
             continue  # this member finished before the interruption
-        train_one(member_cfg, train_examples, eval_examples)
+        # Weight averaging needs members in one basin: they share the initialisation and differ in data order.
+        train_one(member_cfg, train_examples, eval_examples, cfg.run.seed if cfg.reward.weight_average else None)
     if not PartialState().is_main_process:
         return {}
     metrics = write_ensemble(cfg, members, train_examples, eval_examples)
     logger.info("reward-model ensemble (%d members) saved to %s", len(members), out.resolve())
+    if cfg.reward.weight_average:
+        logger.info("their weight average saved to %s", (out / AVERAGE_DIR).resolve())
     return metrics
 
 
@@ -200,14 +207,20 @@ def _member_config(cfg: RMConfig, i: int) -> RMConfig:
     return replace(cfg, run=run, reward=replace(cfg.reward, ensemble=1))
 
 
-def train_one(cfg: RMConfig, train_examples: list[PreferenceExample], eval_examples: list[PreferenceExample]) -> dict:
-    """Train one reward model into ``cfg.run.output_dir``; returns the last logged metrics."""
+def train_one(
+    cfg: RMConfig,
+    train_examples: list[PreferenceExample],
+    eval_examples: list[PreferenceExample],
+    init_seed: int | None = None,
+) -> dict:
+    """Train one reward model into ``cfg.run.output_dir``; returns the last logged metrics. ``init_seed``: the
+    seed of the new head's and the adapters' initialisation when it is not --seed (which orders the data)."""
     out = Path(cfg.run.output_dir)
     if out.is_dir():
         (out / STATS_FILE).unlink(missing_ok=True)  # written last: its presence means a finished model
 
     # 1. Model (the new head's initialisation depends on the seed), tokenizer, encoded pairs.
-    seed_everything(cfg.run.seed)
+    seed_everything(cfg.run.seed if init_seed is None else init_seed)
     tokenizer = load_tokenizer(cfg.model.model, cfg.model.trust_remote_code)
     train_pairs = encode_all(tokenizer, train_examples, cfg.data, cfg.data.data, cfg.model.model)
     eval_pairs = encode_all(tokenizer, eval_examples, cfg.data, cfg.data.eval_data, cfg.model.model)
@@ -304,6 +317,7 @@ def write_ensemble(
     )
     info["stats"] = score_stats(scores.mean(dim=0).cpu())
     metrics: dict[str, float] = {}
+    average = write_average(cfg, members, picked, rows, device) if cfg.reward.weight_average else None
     if eval_examples:
         prompts = [ex.prompt for ex in eval_examples]
         chosen = scorer.member_scores(prompts, [ex.chosen for ex in eval_examples], rows).cpu()
@@ -320,5 +334,24 @@ def write_ensemble(
             "eval/accuracy": info["eval"]["accuracy"],
             "eval/conservative_accuracy": info["eval"]["conservative_accuracy"],
         }
+        if average is not None:
+            chosen = average.score(prompts, [ex.chosen for ex in eval_examples], rows).mean.cpu()
+            rejected = average.score(prompts, [ex.rejected for ex in eval_examples], rows).mean.cpu()
+            info["eval"]["average_accuracy"] = metrics["eval/average_accuracy"] = float(
+                preference_accuracy(chosen, rejected)
+            )
     write_json(root / ENSEMBLE_FILE, info)
     return metrics
+
+
+def write_average(cfg: RMConfig, members: list[Path], picked: list[PreferenceExample], rows: int, device):
+    """``OUT/average``: the members' weight average (``rlhfkit.models.average``) with its own score statistics
+    over the same training responses as the ensemble's; returns it loaded."""
+    out = weight_average(members, Path(cfg.run.output_dir) / AVERAGE_DIR)
+    scorer = RewardScorer.load(str(out), device, cfg.model.trust_remote_code)
+    prompts = [ex.prompt for ex in picked]
+    replies = [ex.chosen for ex in picked] + [ex.rejected for ex in picked]
+    scores = scorer.score(prompts * 2, replies, rows).mean.cpu()
+    lengths = {"max_length": cfg.data.max_length, "max_prompt_length": cfg.data.max_prompt_length}
+    write_json(out / STATS_FILE, {**score_stats(scores), **lengths})
+    return RewardScorer.load(str(out), device, cfg.model.trust_remote_code)

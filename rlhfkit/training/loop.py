@@ -11,12 +11,15 @@ DPO), and its loss summed over those units. ``fit`` owns everything else, the sa
      ``loss sum x processes / units in the whole step`` (so accumulation and data parallelism give exactly
      the mean over one big batch), clip, step; stop on a non-finite loss
   4. evaluate every ``--eval-steps`` and at the end; log every ``--logging-steps``; checkpoint every
-     ``--save-steps``
-  5. the final model in Hugging Face format (or the command's own ``finish``)
+     ``--save-steps``; with ``--patience``, stop once that many evaluations in a row have not lowered the
+     held-out loss
+  5. with ``--keep-best``, put back the trainable weights of the evaluation with the lowest held-out loss;
+     then the final model in Hugging Face format (or the command's own ``finish``)
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -32,6 +35,7 @@ from rlhfkit.training.distributed import Ranks, per_rank
 from rlhfkit.training.session import Session, Trainables, open_session, prepare_trainables
 
 Batch = Any
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,16 +77,59 @@ def fit(
     task = objective(session, trainables)
     trainables.model.train()
     metrics: dict[str, float] = {}
+    best = BestWeights(getattr(cfg, "stopping", None))
     for step in range(session.start_step + 1, total + 1):
         metrics = train_step(cfg, session, trainables, task, name, step)
+        stop = False
         if task.evaluate is not None and session.eval_due(step, cfg.run.eval_steps):
             metrics.update(task.evaluate(trainables.model))
+            stop = best.update(step, metrics["eval/loss"], trainables.model)
         session.end_step(step, cfg.run, metrics, trainables)
+        if stop:
+            logger.info(
+                "%s: held-out loss not lowered in %d evaluations: stopped at step %d", name, best.patience, step
+            )
+            break
+    best.restore(trainables.model, name)
     if finish is None:
         session.finish(trainables.model, tokenizer)
     else:
         finish(session, trainables)
     return metrics
+
+
+class BestWeights:
+    """``--keep-best`` and ``--patience``: follows the held-out loss of each evaluation, keeps a copy of the
+    trainable weights (LoRA: the adapters and the new head; in full: every weight) at the lowest one, and says
+    when to stop. Inactive without a ``stopping`` config part or with both options off."""
+
+    def __init__(self, stopping=None):
+        self.keep = bool(stopping is not None and stopping.keep_best)
+        self.patience = stopping.patience if stopping is not None else 0
+        self.best_loss = math.inf
+        self.best_step = 0
+        self.since_best = 0
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def update(self, step: int, loss: float, model: torch.nn.Module) -> bool:
+        """Record the evaluation of ``step``; True when training should stop."""
+        if loss < self.best_loss:
+            self.best_loss, self.best_step, self.since_best = loss, step, 0
+            if self.keep:
+                with torch.no_grad():
+                    self.weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        else:
+            self.since_best += 1
+        return bool(self.patience) and self.since_best >= self.patience
+
+    def restore(self, model: torch.nn.Module, name: str) -> None:
+        if not (self.keep and self.weights):
+            return
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in self.weights:
+                    p.copy_(self.weights[n])
+        logger.info("%s: kept the weights of step %d (held-out loss %.4f)", name, self.best_step, self.best_loss)
 
 
 def check_split(optim, ranks: Ranks) -> None:

@@ -353,3 +353,33 @@ def test_rl_knobs_reads_a_reward_models_held_out_accuracy(tmp_path):
     assert rl_knobs.rm_accuracy(single) == 0.7  # the last evaluation
     (single / "ensemble.json").write_text(json.dumps({"members": ["."], "eval": {"accuracy": 0.74}}))
     assert rl_knobs.rm_accuracy(single) == 0.74  # an ensemble's: of its mean score
+
+
+def test_the_rm_headroom_table_pairs_each_reward_model_with_the_plans(monkeypatch):
+    from bench.report import choices
+
+    def measured(on_policy: float, variant: str = "") -> dict:
+        got = {"rm/pairs_accuracy": 0.7, "rm_judge/pairs_agreement": 0.8, "rm_judge/on_policy_agreement": on_policy}
+        got |= {"best_of_n/rm_pick": 1.8, "best_of_n/captured": 0.4}
+        return got | ({"variant": variant} if variant else {})
+
+    def run(seed: int, date: str, models: dict) -> dict:
+        return {"args": {"seed": seed}, "stamp": {"date": date}, "label_noise_ceiling": 0.8,
+                "samples_per_prompt": 4, "reward_models": models}  # fmt: skip
+
+    runs = [
+        run(0, "2026-01-02", {"600": measured(0.60), "600 warm_3/average": measured(0.66, "W")}),
+        run(0, "2026-01-01", {"600": measured(0.50), "1200": measured(0.62)}),  # older: its 600 row gives way
+        run(
+            1,
+            "2026-01-01",
+            {"600": measured(0.7), "1200": measured(0.68), "600 warm_3/average": measured(0.74, "WARM")},
+        ),
+    ]
+    monkeypatch.setattr(choices, "select", lambda selection: runs)
+    monkeypatch.setattr(choices, "sources", lambda *r: "")
+    rows = {line.split(" | ")[0]: line for line in choices.rm_headroom("rm_headroom") if line.startswith("| ")}
+    assert "| 0,1 | 0.700 ± 0.000 |" in rows["| 600, one pass"] and "(the plan's)" in rows["| 600, one pass"]
+    assert "| 0.650 ± 0.030 | +0.000 ± 0.020 (p = 1.00, 1 of 2) |" in rows["| 1200, one pass"]
+    assert "+0.050 ± 0.010 (p = " in rows["| 600, W"] and ", 2 of 2)" in rows["| 600, W"]
+    assert list(rows)[1:] == ["| 600, one pass", "| 1200, one pass", "| 600, W"]

@@ -100,28 +100,59 @@ def rm_lora(selection: str) -> list[str]:
     return [*table([*header, "MB saved"], rows), "", sources(*runs)]
 
 
+PLAN_LABELS = "600"  # the pretrained demo plan's label count: rm_headroom compares its other rows with this one
+
+
 def rm_headroom(selection: str) -> list[str]:
     """The support task's reward model against the gold judge before RL, on the pretrained demo's SFT model: one row
-    per label count of each run (held-out accuracy with the ceiling, agreement with the judge on the held-out pairs
-    and on the SFT policy's own pairs, best-of-N)."""
-    runs = select(selection)
-    rows = []
+    per reward model (a label count, or one change at the plan's count), its means over the seeds that measured
+    it (held-out accuracy, agreement with the judge on held-out pairs and on the SFT policy's own pairs, best-of-N
+    with the reward model's pick, the share of the judge's best-of-N gain it captures), and its on-policy
+    agreement against the plan's reward model of the same seed: paired mean ± s.e., t-test, sign count. A seed's
+    row measured by several runs is the newest run's (the same model on the same replies)."""
+    runs = sorted(select(selection), key=lambda run: run["stamp"]["date"])
+    got: dict[str, dict[int, dict]] = {}
+    names: dict[str, str] = {}
+    ceilings = []
     for run in runs:
-        for labels, got in run["reward_models"].items():
-            rows.append(
-                [
-                    run["args"]["seed"],
-                    labels,
-                    f"{got['rm/pairs_accuracy']:.3f} ({run['label_noise_ceiling']:.3f})",
-                    f"{got['rm_judge/pairs_agreement']:.3f}",
-                    f"{got['rm_judge/on_policy_agreement']:.3f}",
-                    f"{got['best_of_n/random']:.2f} / {got['best_of_n/rm_pick']:.2f} / {got['best_of_n/judge_pick']:.2f}",
-                    f"{got['best_of_n/captured']:.0%}",
-                ]
-            )
-    header = ["seed", "labels", "held-out accuracy (ceiling)", "agrees with the judge: held-out pairs"]
-    header += ["SFT's own pairs", f"best-of-{int(runs[0]['samples_per_prompt'])} gold: random / RM pick / judge pick"]
-    return [*table([*header, "captured"], rows), "", sources(*runs)]
+        ceilings.append(run["label_noise_ceiling"])
+        for key, measured in run["reward_models"].items():
+            got.setdefault(key, {})[int(run["args"]["seed"])] = measured
+            variant = measured.get("variant")
+            names[key] = f"{key.split()[0]}, {variant}" if variant else f"{key}, one pass"
+    base = got.get(PLAN_LABELS, {})
+    order = sorted((k for k in got if " " not in k), key=int) + [k for k in got if " " in k]
+    rows = []
+    for key in order:
+        by_seed = got[key]
+        seeds = sorted(by_seed)
+
+        def ms(name: str, digits: int = 3) -> str:
+            return pm(mean_se(by_seed[s][name] for s in seeds), digits)
+
+        if key == PLAN_LABELS:
+            against = "(the plan's)"
+        else:
+            paired = [s for s in seeds if s in base]
+            d = [by_seed[s]["rm_judge/on_policy_agreement"] - base[s]["rm_judge/on_policy_agreement"] for s in paired]
+            against = f"{pm(mean_se(d), 3, '+')} ({p_text(t_test_p(d))}, {wins(d)} of {len(d)})" if d else "—"
+        rows.append(
+            [
+                names[key],
+                ",".join(str(s) for s in seeds),
+                ms("rm/pairs_accuracy"),
+                ms("rm_judge/pairs_agreement"),
+                ms("rm_judge/on_policy_agreement"),
+                against,
+                ms("best_of_n/rm_pick", 2),
+                f"{mean_se(by_seed[s]['best_of_n/captured'] for s in seeds)[0]:.0%}",
+            ]
+        )
+    n = int(runs[0]["samples_per_prompt"])
+    header = ["reward model (labels)", "seeds", f"held-out accuracy (ceiling {statistics.mean(ceilings):.3f})"]
+    header += ["agrees with the judge: held-out pairs", "SFT's own pairs", "own pairs − the plan's"]
+    header += [f"best-of-{n} gold, RM pick", "captured"]
+    return [*table(header, rows), "", sources(*runs)]
 
 
 def adapter_load(selection: str) -> list[str]:

@@ -123,6 +123,16 @@ def test_eval_steps_minus_one_checks_the_held_out_rows_and_evaluates_none(task, 
         dpo_config("wrong", "--eval-steps", "-2")
 
 
+def test_keep_best_and_patience_follow_the_held_out_dpo_loss(task, dpo_config):
+    # A learning rate too small to move fp32 weights: the first evaluation stays the best.
+    cfg = dpo_config("stop", "--max-steps", "10", "--learning-rate", "1e-15", "--eval-data", task.prefs_eval,
+                     "--eval-steps", "1", "--patience", "2", "--keep-best")  # fmt: skip
+    dpo.train(cfg)
+    rows = read_metrics(cfg.run.output_dir)
+    assert [r["step"] for r in rows if "eval/loss" in r] == [1, 2, 3]
+    assert (Path(cfg.run.output_dir) / "model.safetensors").is_file()
+
+
 def test_gradient_accumulation_matches_one_big_batch(dpo_config):
     big = dpo_config("big", "--max-steps", "4")
     accumulated = dpo_config("acc", "--max-steps", "4", "--gradient-accumulation-steps", "2")

@@ -4,6 +4,9 @@ the same 600 labels, scored by the gold judge.
     python -m bench rl_knobs --model SmolLM2-135M-Instruct.Q4_1.gguf --seed 0 --variants rloo
     python -m bench rl_knobs --report bench/reported/rl_knobs.json
 
+``--labels N`` trains the reward model and DPO on N labels instead (one pass each, as the plan does), everything
+else the same: what more labels do for RL from a reward model against DPO at equal labels.
+
 For one seed: the task data, then the demo plan's SFT, reward model and DPO (``rlhfkit/recipes/demo/``), PPO at the
 plan's settings with a critic (``ppo``: GAE, a value model started from the reward model, 16 steps; the plan's own
 RL stage is the variant ``rloo_steps_26``), and one PPO run per ``--variants`` name, each that run with only the
@@ -109,6 +112,26 @@ def ensemble_rm(work: Path, folder: str, members: int, pairs: dict, settings: di
     return out
 
 
+def with_labels(settings: dict, sizes: dict, labels: int) -> tuple[dict, dict]:
+    """The plan's settings and task sizes with ``labels`` preference pairs (0: the plan's): the reward model and
+    DPO take as many steps a pass over them as the plan's take over its own (their evaluation, if once at the end,
+    stays there)."""
+    planned = sizes.get("prefs_train")
+    if not labels or labels == planned:
+        return settings, sizes
+    if not planned:
+        raise SystemExit("--labels: this plan does not say how many labels it trains on")
+    settings = dict(settings)
+    for stage in ("rm", "dpo"):
+        options = dict(settings[stage])
+        steps = max(1, round(options["max_steps"] * labels / planned))
+        if options.get("eval_steps") == options["max_steps"]:
+            options["eval_steps"] = steps
+        options["max_steps"] = steps
+        settings[stage] = options
+    return settings, {**sizes, "prefs_train": labels}
+
+
 def rm_accuracy(folder: Path) -> float | None:
     """A reward model's held-out accuracy as its training measured it (an ensemble's: of its members' mean)."""
     ensemble = folder / "ensemble.json"
@@ -187,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="", help="the pretrained model (a folder or a .gguf file)")
     ap.add_argument("--seed", type=int, default=0, help="the task data's and the runs' seed")
     ap.add_argument("--variants", default="rloo", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    ap.add_argument("--labels", type=int, default=0, help="preference labels for the reward model and DPO, each "
+                    "trained one pass over them as the plan does (0: the plan's)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--quick", action="store_true", help="the demo's --quick plan: a wiring check")
     ap.add_argument("--out", default=str(BENCH / "results" / "rl_knobs.json"), help="the result file to merge into")
@@ -206,8 +231,10 @@ def main(argv: list[str] | None = None) -> None:
     defaults = vars(ap.parse_args([]))
     work = Path(args.work_dir) / f"seed{args.seed}"
     run_plan = plan(args.quick, args.model)
-    settings = run_plan.settings
-    files = write_task_data(work / "data", seed=args.seed, sizes=run_plan.sizes)
+    settings, sizes = with_labels(run_plan.settings, run_plan.sizes or {}, args.labels)
+    if args.labels and set(variants) & set(LOOPS):
+        raise SystemExit("--labels: the loops (online_dpo, iterated) keep the plan's labels; run them without it")
+    files = write_task_data(work / "data", seed=args.seed, sizes=sizes)
     data = {k: str(v) for k, v in chat_rows(files, args.model, work / "data" / "chat").items()}
     common = {"seed": args.seed, "progress": False, "overwrite_output_dir": True, "threads": args.threads}
     results = Results(

@@ -61,6 +61,7 @@ TABLES: dict[str, Callable[[], list[str]]] = {
     "rm_lora": lambda: choices.rm_lora("rm_lora"),
     "rm_headroom": lambda: choices.rm_headroom("rm_headroom"),
     "rl_knobs": lambda: choices.rl_knobs("rl_knobs"),
+    "rl_knobs_labels": lambda: choices.rl_knobs("rl_knobs/labels"),
     "demo_smol": lambda: demo.demo_gains("demo/smollm2", kl=True),
     "demo_smol_stage_times": lambda: demo.demo_stage_times("demo/smollm2"),
     "demo_smol_rounds": lambda: demo.demo_rounds("demo/smollm2"),

@@ -268,6 +268,17 @@ def test_rl_knobs_changes_only_the_options_its_variant_names():
     assert rloo["batch_size"] == 16 and base["value_model"] == "rm"  # the plan's options are left as they were
 
 
+def test_rl_knobs_labels_train_one_pass_over_them():
+    settings = {"rm": {"max_steps": 75, "eval_steps": 75, "batch_size": 8}, "dpo": {"max_steps": 75, "eval_steps": -1},
+                "ppo": {"max_steps": 16}}  # fmt: skip
+    sizes = {"sft": 1200, "prefs_train": 600}
+    assert rl_knobs.with_labels(settings, sizes, 0) == (settings, sizes)
+    got, got_sizes = rl_knobs.with_labels(settings, sizes, 2400)
+    assert got["rm"] == {"max_steps": 300, "eval_steps": 300, "batch_size": 8}
+    assert got["dpo"] == {"max_steps": 300, "eval_steps": -1} and got["ppo"] == {"max_steps": 16}
+    assert got_sizes == {"sft": 1200, "prefs_train": 2400} and settings["rm"]["max_steps"] == 75  # not changed
+
+
 def test_every_rl_knobs_variant_is_a_valid_ppo_run_of_the_plan():
     from rlhfkit.commands import COMMANDS
     from rlhfkit.config.parse import build_config

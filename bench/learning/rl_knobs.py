@@ -137,7 +137,7 @@ def rm_accuracy(folder: Path) -> float | None:
     ensemble = folder / "ensemble.json"
     if ensemble.is_file():
         return json.loads(ensemble.read_text()).get("eval", {}).get("accuracy")
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(folder / "metrics.jsonl")
     return next((r["eval/accuracy"] for r in reversed(rows) if "eval/accuracy" in r), None)
 
 

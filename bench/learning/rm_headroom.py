@@ -87,8 +87,7 @@ def print_table(run: dict) -> None:
 
 def last_step(folder: Path) -> int:
     """The last training step a reward model's metrics.jsonl records (member 0's for an ensemble)."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return max(r.get("step", 0) for r in rows)
+    return max(r.get("step", 0) for r in read_jsonl(folder / "metrics.jsonl"))
 
 
 def trained(folder: Path) -> bool:

@@ -353,5 +353,7 @@ def write_average(cfg: RMConfig, members: list[Path], picked: list[PreferenceExa
     replies = [ex.chosen for ex in picked] + [ex.rejected for ex in picked]
     scores = scorer.score(prompts * 2, replies, rows).mean.cpu()
     lengths = {"max_length": cfg.data.max_length, "max_prompt_length": cfg.data.max_prompt_length}
-    write_json(out / STATS_FILE, {**score_stats(scores), **lengths})
-    return RewardScorer.load(str(out), device, cfg.model.trust_remote_code)
+    stats = score_stats(scores)
+    write_json(out / STATS_FILE, {**stats, **lengths})
+    scorer.stats = {"mean": stats["mean"], "std": stats["std"]}  # as RewardScorer.load reads them back
+    return scorer

@@ -279,6 +279,12 @@ def test_rl_knobs_labels_train_one_pass_over_them():
     assert got_sizes == {"sft": 1200, "prefs_train": 2400} and settings["rm"]["max_steps"] == 75  # not changed
 
 
+def test_rl_knobs_leaves_out_the_critic_baseline_only_when_asked():
+    assert rl_knobs.trained_runs(["rloo_steps_26"]) == ["ppo", "rloo_steps_26"]
+    assert rl_knobs.trained_runs(["rloo_steps_26"], critic_baseline=False) == ["rloo_steps_26"]
+    assert rl_knobs.trained_runs([], critic_baseline=False) == []
+
+
 def test_every_rl_knobs_variant_is_a_valid_ppo_run_of_the_plan():
     from rlhfkit.commands import COMMANDS
     from rlhfkit.config.parse import build_config

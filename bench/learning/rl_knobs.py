@@ -95,6 +95,12 @@ BASE = {
 ENSEMBLES = {"rm_ensemble_3": 3}
 
 
+def trained_runs(variants: list[str], critic_baseline: bool = True) -> list[str]:
+    """The runs a seed trains after SFT, the reward model and DPO, in order: the critic baseline, then the
+    variants."""
+    return (["ppo"] if critic_baseline else []) + [v for v in variants if v != "ppo"]
+
+
 def trained(folder: Path) -> bool:
     return (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file()
 
@@ -212,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default="rloo", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     ap.add_argument("--labels", type=int, default=0, help="preference labels for the reward model and DPO, each "
                     "trained one pass over them as the plan does (0: the plan's)")  # fmt: skip
+    ap.add_argument("--no-critic-baseline", action="store_true", help="leave out PPO with a critic, the run each "
+                    "variant is otherwise paired against (the variants are still paired against DPO)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--quick", action="store_true", help="the demo's --quick plan: a wiring check")
     ap.add_argument("--out", default=str(BENCH / "results" / "rl_knobs.json"), help="the result file to merge into")
@@ -268,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
         **critic_run(settings["ppo"], str(work / "rm"), args.quick),
         **common,
     }
-    for name in ["ppo", *variants]:
+    runs = trained_runs(variants, critic_baseline=not args.no_critic_baseline)
+    for name in runs:
         if name in LOOPS:
             loop = loop_options(work, data, settings[LOOPS[name]], run_plan, common, name)
             loop.update({"algorithm": "dpo"} if name == "online_dpo" else {})
@@ -284,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     generation = GenerationArgs(**EVAL_GENERATION) if not args.quick else GenerationArgs(max_new_tokens=8)
     reference = load_causal_lm(sft, tokenizer=load_tokenizer(sft)).eval()
     gold: dict[str, list[float]] = {}
-    for name in ["sft", "dpo", "ppo", *variants]:
+    for name in ["sft", "dpo", *runs]:
         start = time.perf_counter()
         kept = work / name / "rl_knobs_eval.jsonl"  # a policy evaluated by an earlier run of this seed
         if kept.is_file():
@@ -304,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_model = "rm" if name == "ppo" else VARIANTS.get(name, {}).get("reward_model")
         if reward_model in ("rm", *ENSEMBLES):  # the reward model's held-out accuracy, beside the run on it
             got["rm_accuracy"] = rm_accuracy(work / reward_model)
-        if name not in ("sft", "dpo", "ppo"):
+        if name not in ("sft", "dpo", "ppo") and "ppo" in gold:
             got["minus_ppo"] = paired(gold[name], gold["ppo"])
         base = BASE.get(name)
         if base and (work / base / "rl_knobs_eval.jsonl").is_file():  # its base, evaluated by this seed's runs

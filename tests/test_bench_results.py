@@ -279,6 +279,30 @@ def test_rl_knobs_labels_train_one_pass_over_them():
     assert got_sizes == {"sft": 1200, "prefs_train": 2400} and settings["rm"]["max_steps"] == 75  # not changed
 
 
+def test_dpo_beta_evaluates_held_out_pairs_and_takes_one_pass_over_the_folders_labels(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from bench.learning import dpo_beta
+    from rlhfkit.demo import plan as demo_plan
+
+    gguf = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setattr(demo_plan, "model_size", lambda model: (135_000_000, 2))  # the pretrained plan, no file read
+    planned = dpo_beta.dpo_options(Namespace(quick=False, model=gguf, labels=0), 0.3)
+    more = dpo_beta.dpo_options(Namespace(quick=False, model=gguf, labels=2400), 0.3)
+    assert planned["beta"] == more["beta"] == 0.3
+    assert planned["eval_steps"] == more["eval_steps"] == 0  # the plan's DPO does not evaluate; the sweep must
+    assert more["max_steps"] == 4 * planned["max_steps"]  # the plan's 600 pairs, 2,400 here
+    out = tmp_path / "beta0.3"
+    assert dpo_beta.held_out(out) is None  # nothing trained
+    out.mkdir()
+    rows = [{"step": 1, "loss": 0.7}, {"step": 2, "eval/rewards/accuracy": 0.6, "eval/loss": 0.65},
+            {"step": 3, "eval/rewards/accuracy": 0.7, "eval/loss": 0.6}]  # fmt: skip
+    (out / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert dpo_beta.held_out(out) is None  # stopped before its evaluation: trained again
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert dpo_beta.held_out(out) == {"step": 3, "accuracy": 0.7, "loss": 0.6}
+
+
 def test_rl_knobs_leaves_out_the_critic_baseline_only_when_asked():
     assert rl_knobs.trained_runs(["rloo_steps_26"]) == ["ppo", "rloo_steps_26"]
     assert rl_knobs.trained_runs(["rloo_steps_26"], critic_baseline=False) == ["rloo_steps_26"]

@@ -4,6 +4,10 @@
     python -m bench dpo_beta --demo-dir runs/demo --betas 0.1,0.3,1 --gold   # after the choice: gold at each beta
     python -m bench dpo_beta --report bench/reported/dpo_beta.json
 
+``--labels N``: a folder whose training pairs are N rather than the plan's (``bench rl_knobs --labels N``'s
+``--work-dir``/seedS): DPO takes one pass over them, as the plan's DPO takes over its own. A β already trained in
+``--work-dir`` with its held-out evaluation is read, not trained again.
+
 ``--quick``: the demo's --quick settings (a demo folder made with `rlhfkit demo --quick`): a wiring check.
 
 From a finished (or half-finished) demo folder, its SFT model and data: `rlhfkit dpo` with the demo's DPO settings
@@ -31,6 +35,7 @@ import torch
 
 from bench import results_file, stats
 from bench.harness.runs import BENCH, Results, flags, log, run_measured
+from bench.learning.rl_knobs import with_labels
 from bench.stamp import Stamp, summary
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.data.schema import load_examples
@@ -40,8 +45,16 @@ from rlhfkit.inference.evaluate import evaluate_policy
 from rlhfkit.tasks import get_judge
 
 
+def dpo_options(args, beta: float) -> dict:
+    """The plan's DPO options at ``beta`` (``--labels``: its steps scaled to one pass over that many pairs), its
+    held-out pairs evaluated once at the end whatever the plan does."""
+    run_plan = plan(args.quick, args.model)
+    settings, _ = with_labels(run_plan.settings, run_plan.sizes or {}, getattr(args, "labels", 0))
+    return {**settings["dpo"], "beta": beta, "eval_steps": 0}
+
+
 def dpo_command(args, beta: float, out: Path) -> list[str]:
-    return pairs_command(args, "dpo", {**plan(args.quick, args.model).settings["dpo"], "beta": beta}, out)
+    return pairs_command(args, "dpo", dpo_options(args, beta), out)
 
 
 def pairs_command(args, command: str, options: dict, out: Path) -> list[str]:
@@ -93,9 +106,14 @@ def gold_of(args, out: Path, sft: list[float], ppo: list[float]) -> dict:
     }
 
 
-def held_out(out: Path) -> dict:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
-    last = [r for r in rows if "eval/rewards/accuracy" in r][-1]
+def held_out(out: Path) -> dict | None:
+    """The last held-out evaluation of the run in ``out`` (None: none logged)."""
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.is_file() else []
+    evaluated = [r for r in rows if "eval/rewards/accuracy" in r]
+    if not evaluated:
+        return None
+    last = evaluated[-1]
     return {"step": last["step"], "accuracy": last["eval/rewards/accuracy"], "loss": last["eval/loss"]}
 
 
@@ -124,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="", help="the demo's --model (its DPO settings); empty: the built-in one")
     ap.add_argument("--betas", default="0.03,0.1,0.3", help="comma-separated betas, one DPO run each")
     ap.add_argument("--seed", type=int, default=0, help="the DPO runs' seed")
+    ap.add_argument("--labels", type=int, default=0, help="the training pairs in the demo folder, when not the "
+                    "plan's (bench rl_knobs --labels N's folders): DPO takes one pass over them (0: the plan's)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads of each run")
     ap.add_argument(
         "--gold",
@@ -148,10 +168,15 @@ def main(argv: list[str] | None = None) -> None:
     for beta in [float(b) for b in args.betas.split(",")]:
         out = Path(args.work_dir) / f"beta{beta:g}"
         start = time.perf_counter()
-        measured = run_measured(dpo_command(args, beta, out), out.parent / f"{out.name}.log")
-        if measured.returncode != 0:
-            raise SystemExit(f"beta {beta:g}: DPO failed; its log: {measured.log}")
-        results["betas"][f"{beta:g}"] = {**held_out(out), "seconds": round(time.perf_counter() - start, 1)}
+        got = held_out(out) if (out / "adapter_config.json").is_file() or (out / "config.json").is_file() else None
+        if got is None:  # not trained yet, or stopped before its held-out evaluation
+            measured = run_measured(dpo_command(args, beta, out), out.parent / f"{out.name}.log")
+            if measured.returncode != 0:
+                raise SystemExit(f"beta {beta:g}: DPO failed; its log: {measured.log}")
+            got = held_out(out)
+            if got is None:
+                raise SystemExit(f"beta {beta:g}: DPO logged no held-out evaluation; its log: {measured.log}")
+        results["betas"][f"{beta:g}"] = {**got, "seconds": round(time.perf_counter() - start, 1)}
         if args.gold:
             results["betas"][f"{beta:g}"]["gold"] = gold_of(args, out, sft, ppo)
         log(f"beta {beta:g}: held-out accuracy {results['betas'][f'{beta:g}']['accuracy']:.4f}")

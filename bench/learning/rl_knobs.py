@@ -73,6 +73,8 @@ VARIANTS: dict[str, dict] = {
     # the leave-one-out run at the critic's time: its step costs about 0.6 of a critic step, so 26 steps (the
     # plan's RL stage)
     "rloo_steps_26": {"advantage": "rloo", **GROUPED, "max_steps": 26},
+    # the plan's RL stage run three times as long: the RL budget alone
+    "rloo_steps_78": {"advantage": "rloo", **GROUPED, "max_steps": 78},
     # the plan's RL stage on the mean score of 3 reward models (Coste et al. 2023) from the same 600 labels, seeds
     # seed..seed+2 at the plan's settings; member 0 is the seed's reward model itself
     "rloo_ensemble_3": {"advantage": "rloo", **GROUPED, "max_steps": 26, "reward_model": "rm_ensemble_3"},
@@ -88,6 +90,7 @@ LOOPS = {"iterated": "iterate", "online_dpo": "online_dpo"}
 BASE = {
     "rloo_gold_reward": "rloo",
     "rloo_steps_26": "rloo",
+    "rloo_steps_78": "rloo_steps_26",
     "rloo_ensemble_3": "rloo_steps_26",
     "iterated": "online_dpo",
 }

@@ -26,7 +26,6 @@ less DPO's, each with its paired standard error over the replies, and DPO's KL t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,12 +34,13 @@ import torch
 
 from bench import results_file, stats
 from bench.harness.runs import BENCH, Results, flags, log, run_measured
-from bench.learning.rl_knobs import with_labels
+from bench.learning.rl_knobs import trained, with_labels
 from bench.stamp import Stamp, summary
 from rlhfkit.config.parts import GenerationArgs
 from rlhfkit.data.schema import load_examples
 from rlhfkit.demo.plan import plan
 from rlhfkit.demo.support import EVAL_GENERATION
+from rlhfkit.files import read_jsonl
 from rlhfkit.inference.evaluate import evaluate_policy
 from rlhfkit.tasks import get_judge
 
@@ -109,7 +109,7 @@ def gold_of(args, out: Path, sft: list[float], ppo: list[float]) -> dict:
 def held_out(out: Path) -> dict | None:
     """The last held-out evaluation of the run in ``out`` (None: none logged)."""
     metrics = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.is_file() else []
+    rows = read_jsonl(metrics) if metrics.is_file() else []
     evaluated = [r for r in rows if "eval/rewards/accuracy" in r]
     if not evaluated:
         return None
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     for beta in [float(b) for b in args.betas.split(",")]:
         out = Path(args.work_dir) / f"beta{beta:g}"
         start = time.perf_counter()
-        got = held_out(out) if (out / "adapter_config.json").is_file() or (out / "config.json").is_file() else None
+        got = held_out(out) if trained(out) else None
         if got is None:  # not trained yet, or stopped before its held-out evaluation
             measured = run_measured(dpo_command(args, beta, out), out.parent / f"{out.name}.log")
             if measured.returncode != 0:
